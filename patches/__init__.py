@@ -1,0 +1,20 @@
+"""Every upstream touch point of swift-plt, one module per patched upstream module.
+
+Installed as ``swift_plt.patches`` (setup.py maps this folder there). Each module defines
+  TARGET    the upstream module it patches,
+  VERIFIED  the upstream version its patch was verified against,
+  apply(m)  the patch, applied by ``swift_plt.activation`` right after ``TARGET`` is imported. It checks the
+            upstream names it touches first (``guard``) and raises if upstream moved, instead of patching blindly.
+Every patch is a wrapper around the original that returns the original's result unchanged unless the run is a
+PLT run with patch_size K > 1 (K=1 and every other model type are bit-for-bit upstream).
+"""
+from . import (swift_megatron_arguments, swift_pipelines_train_sft, swift_megatron_trainers_utils,
+               swift_megatron_utils, swift_template)
+
+PATCHES = [
+    swift_megatron_arguments,  # --patch_size on MegatronArguments (+ validation before step 1)
+    swift_megatron_utils,  # get_padding_to: batch length multiple of K * upstream multiple
+    swift_megatron_trainers_utils,  # get_batch_on_this_pp_rank: no label roll at K>1, first patch masked
+    swift_pipelines_train_sft,  # SwiftSft._prepare_template (megatron pt/sft inherit it): hand K to the template
+    swift_template,  # Template._encode_truncated: pad every document to a multiple of K
+]

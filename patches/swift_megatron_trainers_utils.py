@@ -1,0 +1,46 @@
+"""ms-swift ``swift.megatron.trainers.utils.get_batch_on_this_pp_rank``: at K > 1, no label roll.
+
+Upstream rolls ``labels``/``loss_scale`` by -1 for causal LMs (position t predicts token t+1). PLT labels stay
+token-aligned (patch p predicts the tokens of patch p+1, see swift_plt.plt), and the first patch of every document,
+which nothing predicts, is set to -100 so that ms-swift's token count (labels != -100) counts exactly the tokens
+that carry a loss. Also checked here, on the CPU batch before it moves to the GPU: no patch straddles two documents.
+"""
+import functools
+
+from ._guard import check_once, guard
+
+TARGET = 'swift.megatron.trainers.utils'
+VERIFIED = 'ms-swift 4.6.0'
+
+
+class _WithoutLabelRoll:
+    """``args`` as upstream sees them: the same, except ``task_type``, which is what gates the roll upstream."""
+    task_type = 'causal_lm_plt'
+
+    def __init__(self, args):
+        self._args = args
+
+    def __getattr__(self, name):
+        return getattr(self._args, name)
+
+
+def apply(module):
+    check_once()
+    upstream = guard(module, 'get_batch_on_this_pp_rank', ['args', 'data', 'vp_stage'], VERIFIED)
+    if getattr(upstream, '_swift_plt', False):
+        return
+    from swift_plt.plt import check_patch_aligned, mask_first_patch
+
+    @functools.wraps(upstream)
+    def get_batch_on_this_pp_rank(args, data, vp_stage=None):
+        k = getattr(args, 'patch_size', None) or 1
+        if k == 1:
+            return upstream(args, data, vp_stage=vp_stage)
+        position_ids = data['position_ids']
+        check_patch_aligned(position_ids, k)
+        if data.get('labels') is not None:
+            data['labels'] = mask_first_patch(data['labels'], position_ids, k)
+        return upstream(_WithoutLabelRoll(args), data, vp_stage=vp_stage)
+
+    get_batch_on_this_pp_rank._swift_plt = True
+    module.get_batch_on_this_pp_rank = get_batch_on_this_pp_rank

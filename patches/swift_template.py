@@ -1,0 +1,46 @@
+"""ms-swift ``swift.template.base.Template._encode_truncated``: at K > 1 pad every encoded document (input_ids
+with the pad token, labels -100, loss_scale 0) to a multiple of K, so that no patch straddles two documents in
+padding-free/packed batches and padded batches hold whole patches. Runs before packing, so packed lengths
+include the padding. ``--max_length`` is required to be a multiple of K, so padding never exceeds it."""
+import functools
+
+from ._guard import check_once, guard
+
+TARGET = 'swift.template.base'
+VERIFIED = 'ms-swift 4.6.0'
+
+
+def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
+    from swift_plt.plt import IGNORE_INDEX, pad_to_multiple
+    n = pad_to_multiple(len(encoded['input_ids']), patch_size)
+    if n:
+        encoded['input_ids'] = list(encoded['input_ids']) + [pad_token_id] * n
+        for key, value in (('labels', IGNORE_INDEX), ('loss_scale', 0)):
+            if encoded.get(key) is not None:
+                encoded[key] = list(encoded[key]) + [value] * n
+        if encoded.get('length') is not None:
+            encoded['length'] += n
+    return encoded
+
+
+def apply(module):
+    check_once()
+    cls = module.Template
+    upstream = guard(cls, '_encode_truncated', ['self', 'inputs'], VERIFIED)
+    if getattr(upstream, '_swift_plt', False):
+        return
+
+    @functools.wraps(upstream)
+    def _encode_truncated(self, inputs):
+        encoded = upstream(self, inputs)
+        k = getattr(self, 'plt_patch_size', 1)
+        if k > 1:
+            pad_id = self.tokenizer.pad_token_id
+            if pad_id is None:
+                pad_id = self.tokenizer.eos_token_id
+            for e in encoded if isinstance(encoded, list) else [encoded]:
+                pad_encoded(e, k, pad_id)
+        return encoded
+
+    _encode_truncated._swift_plt = True
+    cls._encode_truncated = _encode_truncated

@@ -1,0 +1,118 @@
+"""The Megatron side of ``llama3_2_plt``: config, GPTModel and loader for mcore-bridge.
+
+``PLTGPTModel`` subclasses mcore-bridge's GPTModel and changes two things when ``config.patch_size`` K > 1:
+  * ``forward``: token embeddings are mean-pooled into patches before the decoder, and the positions, the padded
+    attention mask and the packed-sequence (THD) boundaries handed to upstream's forward are patch-level;
+    every tensor between pipeline stages is therefore [P, B, H];
+  * ``compute_language_model_loss``: the PLT loss (swift_plt.plt.plt_token_losses), vocab-parallel under TP,
+    returned token-aligned [B, S] like upstream's, so ms-swift's ``loss_func`` (sum over labels != -100, per-token
+    normalisation across DP) is unchanged.
+With K == 1 both methods are upstream's, called as is. The weights are Llama's, so mcore-bridge's GPTBridge
+converts them unchanged (HF <-> mcore, tied embeddings included).
+"""
+import copy
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from mcore_bridge.config import ModelConfig
+from mcore_bridge.model import GPTModel
+from mcore_bridge.model.register import ModelLoader
+
+from .plt import patch_attention_mask, patch_cu_seqlens, patch_position_ids, plt_token_losses, pool_patches
+
+
+@dataclass
+class PLTModelConfig(ModelConfig):
+    # None: take `patch_size` from the HF config.json, else 1. ms-swift copies `args.patch_size` here.
+    patch_size: Optional[int] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.patch_size is None:
+            self.patch_size = int(getattr(self.hf_config, 'patch_size', None) or 1)
+        if self.patch_size > 1:
+            unsupported = {
+                'mtp_num_layers': bool(self.mtp_num_layers),
+                'is_multimodal': self.is_multimodal,
+                'task_type != causal_lm': self.task_type != 'causal_lm',
+                'context_parallel_size > 1': self.context_parallel_size > 1,
+                'sequence_parallel': self.sequence_parallel,
+            }
+            bad = [k for k, v in unsupported.items() if v]
+            if bad:
+                raise ValueError(f'patch_size={self.patch_size} (PLT) does not support: {", ".join(bad)}.')
+
+
+def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor):
+    """Token-level THD PackedSeqParams -> patch-level (a copy; the batch's own object stays token-level)."""
+    cu_seqlens = patch_cu_seqlens(patch_pos)
+    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    params = copy.copy(packed_seq_params)
+    params.cu_seqlens_q = params.cu_seqlens_kv = cu_seqlens
+    params.max_seqlen_q = params.max_seqlen_kv = max_seqlen
+    params.cu_seqlens_q_padded = params.cu_seqlens_kv_padded = None
+    if hasattr(params, 'total_tokens'):
+        params.total_tokens = patch_pos.numel()
+    return params
+
+
+class PLTGPTModel(GPTModel):
+    config: PLTModelConfig
+
+    @property
+    def patch_size(self) -> int:
+        return self.config.patch_size
+
+    def forward(self,
+                input_ids,
+                position_ids,
+                attention_mask=None,
+                decoder_input=None,
+                labels=None,
+                inference_context=None,
+                packed_seq_params=None,
+                extra_block_kwargs=None,
+                runtime_gather_output=None,
+                *,
+                inference_params=None,
+                loss_mask=None):
+        k = self.patch_size
+        if k > 1:
+            if inference_context is not None or inference_params is not None:
+                raise NotImplementedError(f'patch_size={k}: a patch-level model does not generate token by token; '
+                                          'generate with the token-level (patch_size=1) model.')
+            if self.pre_process and decoder_input is None:
+                # [S, B, H] token embeddings -> [P, B, H] patch embeddings (mean of K)
+                decoder_input = pool_patches(self.embedding(input_ids=input_ids, position_ids=position_ids), k)
+            position_ids = patch_position_ids(position_ids, k)
+            if attention_mask is not None:
+                attention_mask = patch_attention_mask(attention_mask, k)
+            if packed_seq_params is not None:
+                packed_seq_params = patch_packed_seq_params(packed_seq_params, position_ids)
+        return super().forward(
+            input_ids,
+            position_ids,
+            attention_mask,
+            decoder_input,
+            labels,
+            inference_context,
+            packed_seq_params,
+            extra_block_kwargs,
+            runtime_gather_output,
+            inference_params=inference_params,
+            loss_mask=loss_mask)
+
+    def compute_language_model_loss(self, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        k = self.patch_size
+        if k == 1:
+            return super().compute_language_model_loss(labels, logits)
+        # logits [P, B, V/tp] are vocab-sharded over the TP group (parallel_output); never gathered here.
+        tp = self.pg_collection.tp
+        tp_size = torch.distributed.get_world_size(tp) if tp is not None else 1
+        vocab_start = torch.distributed.get_rank(tp) * logits.shape[-1] if tp_size > 1 else 0
+        return plt_token_losses(logits, labels, k, vocab_start, tp if tp_size > 1 else None)
+
+
+class PLTModelLoader(ModelLoader):
+    model_cls = PLTGPTModel

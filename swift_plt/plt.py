@@ -1,0 +1,167 @@
+"""Patch-level training (PLT) math. Framework-free: torch (and torch.distributed for the vocab split) only.
+
+Shao et al., "Beyond Next Token Prediction: Patch-Level Training for LLMs", arXiv 2407.12665.
+The official HF code (shaochenze/PatchTrain, modeling_llama.py) is, in essence:
+
+    inputs_embeds = inputs_embeds.view(B, P, K, H).mean(2)           # K tokens -> 1 patch
+    hidden = model(inputs_embeds)                                     # RoPE/causal mask over patches 0..P-1
+    log_probs = log_softmax(lm_head(hidden)[:, :-1])                  # patch i predicts patch i+1
+    loss = sum_k nll_loss(log_probs, labels[:, K:].view(B, P-1, K)[..., k]) / K
+
+Conventions of this module (Megatron layout):
+  * tokens are [S, B, H] (sequence first), S = K * P; patches are [P, B, H];
+  * ``labels`` are token-aligned and NOT rolled: ``labels[b, t]`` is the target token at position t (-100 ignored);
+  * patch p's output predicts the K tokens of patch p+1, so token t is predicted by patch t // K - 1, and the
+    first patch of every sequence/document has no predictor: its labels must be -100 (``mask_first_patch``).
+  * Loss weighting: the mean of the per-token NLLs over all valid (patch, k) pairs. With no ignored label this is
+    exactly PatchTrain's (1/K) * sum_k mean_i NLL; when some labels are -100, every remaining token weighs the same
+    (PatchTrain's formula would instead average each k separately).
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+IGNORE_INDEX = -100
+
+
+def patch_padding_to(upstream_padding_to: Optional[int], patch_size: int) -> Optional[int]:
+    """Length multiple for a batch at patch size K.
+
+    Upstream's multiple (TP under sequence parallel, 2*CP, fp8 blocks, fused attention) must hold for the *patch*
+    sequence P = S / K, so S must be a multiple of K * upstream. K == 1 returns upstream unchanged.
+    """
+    if patch_size == 1:
+        return upstream_padding_to
+    return patch_size * (upstream_padding_to or 1)
+
+
+def pad_to_multiple(length: int, patch_size: int) -> int:
+    """Number of pad tokens that bring ``length`` to a multiple of ``patch_size``."""
+    return -length % patch_size
+
+
+def pool_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Mean of each K consecutive tokens: [S, B, H] -> [S/K, B, H]."""
+    S, B, H = x.shape
+    if S % patch_size:
+        raise ValueError(f'PLT: sequence length {S} is not a multiple of patch_size {patch_size}.')
+    return x.view(S // patch_size, patch_size, B, H).mean(1)
+
+
+def patch_position_ids(position_ids: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Token position ids [..., S] (restarting at 0 per document) -> patch position ids [..., S/K]."""
+    return torch.div(position_ids[..., ::patch_size], patch_size, rounding_mode='floor')
+
+
+def check_patch_aligned(position_ids: torch.Tensor, patch_size: int) -> None:
+    """Raise unless every patch lies inside one document: each patch's positions are p*K, p*K+1, ..., p*K+K-1
+    (a document, padded to a multiple of K) or all 0 (one-token pad "documents" at the end of a packed batch)."""
+    S = position_ids.shape[-1]
+    if S % patch_size:
+        raise ValueError(f'PLT: sequence length {S} is not a multiple of patch_size {patch_size}; '
+                         f'pad it to a multiple of {patch_size}.')
+    pos = position_ids.reshape(-1, S // patch_size, patch_size)
+    expected = pos[..., :1] + torch.arange(patch_size, device=pos.device)
+    ok = ((pos == expected) & (pos[..., :1] % patch_size == 0)).all(-1) | (pos == 0).all(-1)
+    if not bool(ok.all()):
+        raise ValueError(f'PLT: a patch of {patch_size} tokens straddles two documents (position_ids are not '
+                         f'aligned to patch_size). Every document must start at a multiple of {patch_size} and be '
+                         f'padded to a multiple of {patch_size}; swift-plt does this when it encodes the data.')
+
+
+def patch_attention_mask(attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Token mask [B, 1, S, S] (True = masked; causal + right padding) -> patch mask [B, 1, P, P].
+
+    Patch j is visible to patch i iff token j*K is visible to token i*K: j <= i (causal) and patch j holds at least
+    one real token (its first token). So sub-sampling every K-th row and column is exact.
+    """
+    return attention_mask[..., ::patch_size, ::patch_size]
+
+
+def patch_cu_seqlens(patch_pos: torch.Tensor) -> torch.Tensor:
+    """Cumulative document lengths (in patches) of a packed [1, P] patch-position row: a document starts where the
+    patch position is 0. Returns int32 [num_docs + 1], like ``PackedSeqParams.cu_seqlens_q``."""
+    pos = patch_pos.reshape(-1)
+    starts = torch.nonzero(pos == 0, as_tuple=False).reshape(-1)
+    total = torch.tensor([pos.numel()], device=pos.device, dtype=starts.dtype)
+    return torch.cat([starts, total]).to(torch.int32)
+
+
+def mask_first_patch(labels: torch.Tensor, position_ids: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Set to -100 the labels of the first patch of every document (positions < K): nothing predicts them."""
+    return labels.masked_fill(position_ids < patch_size, IGNORE_INDEX)
+
+
+def shift_patch_targets(labels: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Token-aligned labels [B, S] -> targets [P, B, K] of each patch's output: the tokens of the next patch
+    (-100 for the last patch)."""
+    B, S = labels.shape
+    P = S // patch_size
+    nxt = labels.view(B, P, patch_size)[:, 1:]
+    nxt = torch.cat([nxt, nxt.new_full((B, 1, patch_size), IGNORE_INDEX)], dim=1)
+    return nxt.permute(1, 0, 2).contiguous()
+
+
+class _PatchCrossEntropy(torch.autograd.Function):
+    """NLL of K targets per row under one softmax, with the vocab optionally split across a process group.
+
+    megatron's ``vocab_parallel_cross_entropy`` takes one target per row; calling it K times (or on K-fold repeated
+    logits) would keep K fp32 [P, B, V/tp] copies. Here one fp32 copy holds the shifted logits, then exp, then the
+    softmax saved for backward (same memory as megatron's CE); the K target logits are gathered from it.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, vocab_start, group):
+        # logits [P, B, Vl] (this rank's vocab slice), target [P, B, K] global ids (-100 = ignored)
+        x = logits.to(torch.float32, copy=True)
+        vl = x.shape[-1]
+        logits_max = x.max(dim=-1).values
+        if group is not None:
+            dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
+        x.sub_(logits_max.unsqueeze(-1))
+        local = target - vocab_start
+        in_shard = (target != IGNORE_INDEX) & (local >= 0) & (local < vl)
+        idx = local.clamp(0, vl - 1)
+        predicted = x.gather(-1, idx).masked_fill_(~in_shard, 0.0)
+        x.exp_()
+        sum_exp = x.sum(dim=-1)
+        if group is not None:
+            dist.all_reduce(predicted, op=dist.ReduceOp.SUM, group=group)
+            dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+        loss = (sum_exp.log().unsqueeze(-1) - predicted).masked_fill_(target == IGNORE_INDEX, 0.0)
+        x.div_(sum_exp.unsqueeze(-1))  # softmax
+        ctx.save_for_backward(x, idx, in_shard, target == IGNORE_INDEX)
+        ctx.logits_dtype = logits.dtype
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        softmax, idx, in_shard, ignored = ctx.saved_tensors
+        g = grad_loss.float().masked_fill(ignored, 0.0)  # [P, B, K]
+        grad = softmax.mul_(g.sum(-1, keepdim=True))  # sum_k g_k * softmax
+        grad.scatter_add_(-1, idx, -(g * in_shard))  # - sum_k g_k * onehot(target_k) (this shard's targets)
+        return grad.to(ctx.logits_dtype), None, None, None
+
+
+def plt_token_losses(logits: torch.Tensor,
+                     labels: torch.Tensor,
+                     patch_size: int,
+                     vocab_start: int = 0,
+                     group: Optional['dist.ProcessGroup'] = None) -> torch.Tensor:
+    """Per-token PLT losses, token-aligned like ``labels``.
+
+    logits: [P, B, V_local] patch outputs (V_local = V / tp; this rank holds ids [vocab_start, vocab_start+V_local)).
+    labels: [B, S] token-aligned (not rolled), S = K * P, -100 ignored.
+    Returns [B, S] float32: entry t is -log p(labels[t] | patch t//K - 1); 0 where labels[t] == -100 and in the
+    first patch (which must be -100, see ``mask_first_patch``). Sum it over labels != -100 and divide by their count
+    for the loss.
+    """
+    P, B, _ = logits.shape
+    if labels.shape != (B, P * patch_size):
+        raise ValueError(f'PLT: labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)} '
+                         f'at patch_size {patch_size}.')
+    target = shift_patch_targets(labels, patch_size)
+    nll = _PatchCrossEntropy.apply(logits, target, vocab_start, group)  # [P, B, K], patch p -> tokens of p+1
+    nll = nll.permute(1, 0, 2)[:, :-1]  # [B, P-1, K]
+    return torch.cat([nll.new_zeros(B, 1, patch_size), nll], dim=1).reshape(B, P * patch_size)

@@ -1,0 +1,35 @@
+"""The upstream versions swift-plt was verified against, and the check that refuses anything else."""
+from importlib import metadata
+
+# distribution -> (verified prefix, human-readable range)
+VERIFIED = {
+    'ms-swift': ('4.6.', '4.6.x'),
+    'mcore-bridge': ('1.6.', '1.6.x'),
+    'megatron-core': ('0.16.', '0.16.x'),
+}
+DISABLE_ENV = 'SWIFT_PLT_DISABLE'
+
+
+def installed_version(dist: str):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_versions(required=('ms-swift', )) -> None:
+    """Raise RuntimeError naming every installed upstream package outside the verified range (packages in
+    ``required`` must be installed; the others are checked only when present, e.g. no mcore-bridge for HF use)."""
+    bad = []
+    for dist, (prefix, shown) in VERIFIED.items():
+        version = installed_version(dist)
+        if version is None:
+            if dist in required:
+                bad.append(f'{dist} is not installed (need {shown})')
+        elif not version.startswith(prefix):
+            bad.append(f'{dist}=={version} (verified: {shown})')
+    if bad:
+        raise RuntimeError('swift-plt refuses to patch an unverified stack: ' + '; '.join(bad) +
+                           '. Install the verified versions (pip install "ms-swift[megatron]==4.6.*" '
+                           '"mcore-bridge==1.6.*" "megatron-core==0.16.*"), or set '
+                           f'{DISABLE_ENV}=1 to run ms-swift without swift-plt.')
