@@ -42,6 +42,9 @@ class PLTModelConfig(ModelConfig):
             bad = [k for k, v in unsupported.items() if v]
             if bad:
                 raise ValueError(f'patch_size={self.patch_size} (PLT) does not support: {", ".join(bad)}.')
+            # Pipeline stages exchange [P, B, H], not the [seq_length, B, H] megatron's schedules would assume
+            # from `seq_length`: make them communicate shapes (mcore-bridge's default, enforced here).
+            self.variable_seq_lengths = True
 
 
 def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor):
