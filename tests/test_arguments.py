@@ -1,0 +1,59 @@
+"""--patch_size resolution and the checks that must fail before step 1 (swift_plt.arguments)."""
+from types import SimpleNamespace
+
+import pytest
+
+from swift_plt import PLT_MODEL_TYPE
+from swift_plt.arguments import resolve_patch_size
+
+
+def make_args(patch_size=None, model_type=PLT_MODEL_TYPE, hf_patch_size=None, **kw):
+    meta = SimpleNamespace(model_type=PLT_MODEL_TYPE if model_type == PLT_MODEL_TYPE else 'gpt')
+    config = SimpleNamespace() if hf_patch_size is None else SimpleNamespace(patch_size=hf_patch_size)
+    base = dict(patch_size=patch_size, model_type=model_type, megatron_model_meta=meta,
+                model_info=SimpleNamespace(config=config), task_type='causal_lm', rlhf_type=None, mtp_num_layers=None,
+                is_multimodal=False, context_parallel_size=1, sequence_parallel=False, max_length=256,
+                packing_length=None, seq_length=256)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_default_is_one_and_cli_wins_over_config():
+    assert resolve_patch_size(make_args()) == 1
+    assert resolve_patch_size(make_args(hf_patch_size=4)) == 4
+    assert resolve_patch_size(make_args(patch_size=2, hf_patch_size=4)) == 2
+    assert resolve_patch_size(make_args(patch_size=1, hf_patch_size=4)) == 1
+
+
+def test_other_model_types_ignore_config_and_accept_k1():
+    args = make_args(model_type='llama', hf_patch_size=4)
+    assert resolve_patch_size(args) == 1 and args.patch_size == 1
+    assert resolve_patch_size(make_args(model_type='llama', patch_size=1)) == 1
+
+
+def test_patch_size_on_non_plt_model_type_is_an_error():
+    with pytest.raises(ValueError, match=r'model type `llama` has no patch-level training.*--model_type llama3_2_plt'):
+        resolve_patch_size(make_args(model_type='llama', patch_size=4))
+
+
+@pytest.mark.parametrize('k', [0, -1, True])
+def test_patch_size_below_one(k):
+    with pytest.raises(ValueError, match='--patch_size must be an integer >= 1'):
+        resolve_patch_size(make_args(patch_size=k))
+
+
+@pytest.mark.parametrize('kw, message', [
+    (dict(max_length=250, seq_length=250), r'--max_length 250 is not a multiple of --patch_size 4 \(use 248 or 252\)'),
+    (dict(packing_length=1022), r'--packing_length 1022 is not a multiple'),
+    (dict(mtp_num_layers=1), r'--mtp_num_layers'),
+    (dict(is_multimodal=True), r'multimodal'),
+    (dict(task_type='seq_cls'), r'--task_type seq_cls'),
+    (dict(rlhf_type='dpo'), r'rlhf_type=dpo'),
+    (dict(context_parallel_size=2), r'--context_parallel_size'),
+    (dict(sequence_parallel=True), r'--sequence_parallel'),
+])
+def test_unsupported_combinations_fail_with_what_to_change(kw, message):
+    with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: .*' + message):
+        resolve_patch_size(make_args(patch_size=4, **kw))
+    # ... and none of them matter at K=1
+    assert resolve_patch_size(make_args(patch_size=1, **kw)) == 1

@@ -1,0 +1,116 @@
+"""The startup hook and the patches of ms-swift modules that import without Megatron (template, SFT pipeline),
+through the real ms-swift code: patched vs original, K=1 unchanged, version and upstream-moved guards."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness.tiny import make_tiny_llama
+
+ENV = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS='1')
+
+
+def _python(code, **env):
+    return subprocess.run([sys.executable, '-c', code], env=dict(ENV, **env), capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_startup_hook_patches_on_import_and_opt_out():
+    code = ('import swift.template.base as b, swift.pipelines.train.sft as s;'
+            'print(getattr(b.Template._encode_truncated, "_swift_plt", False),'
+            ' getattr(s.SwiftSft._prepare_template, "_swift_plt", False))')
+    assert _python(code).stdout.split()[-2:] == ['True', 'True']
+    assert _python(code, SWIFT_PLT_DISABLE='1').stdout.split()[-2:] == ['False', 'False']
+
+
+def test_startup_hook_does_not_import_heavy_modules():
+    out = _python('import sys; print(sorted(m for m in ("torch", "swift", "megatron") if m in sys.modules))')
+    assert out.stdout.strip().splitlines()[-1] == '[]', out.stdout + out.stderr
+
+
+def test_version_guard_names_versions(monkeypatch):
+    from swift_plt import versions
+    monkeypatch.setattr(versions, 'installed_version', lambda d: {'ms-swift': '4.7.0', 'mcore-bridge': '1.6.5'}.get(d))
+    with pytest.raises(RuntimeError, match=r'ms-swift==4.7.0 \(verified: 4.6.x\).*SWIFT_PLT_DISABLE=1'):
+        versions.check_versions()
+    with pytest.raises(RuntimeError, match=r'megatron-core is not installed'):
+        versions.check_versions(('ms-swift', 'megatron-core'))
+
+
+def test_upstream_moved_guard():
+    from swift_plt.patches._guard import guard
+
+    class Upstream:
+
+        def f(self, data):
+            pass
+
+    assert guard(Upstream, 'f', ['self', 'data'], 'x 1.0') is Upstream.f
+    with pytest.raises(RuntimeError, match='upstream moved: `g` not found'):
+        guard(Upstream, 'g', ['self'], 'x 1.0')
+    with pytest.raises(RuntimeError, match='upstream changed'):
+        guard(Upstream, 'f', ['self', 'batch'], 'x 1.0')
+
+
+@pytest.fixture(scope='module')
+def template(tmp_path_factory):
+    model_dir = make_tiny_llama(str(tmp_path_factory.mktemp('tiny')))
+    from swift_plt.register import register_swift
+    register_swift()
+    from swift.model import get_model_processor
+    from swift.template import get_template
+    _, processor = get_model_processor(model_dir, model_type='llama3_2_plt', load_model=False, download_model=False)
+    tpl = get_template(processor, template_type='llama', use_chat_template=False, max_length=64, loss_scale='all')
+    tpl.set_mode('train')
+    return tpl
+
+
+ROWS = [{'messages': [{'role': 'assistant', 'content': text}]}
+        for text in ['the quick brown fox jumps', 'a', 'over the lazy dog, twice over the lazy dog', 'hello world']]
+
+
+def test_template_k1_is_upstream(template):
+    from swift.template.base import Template
+    assert getattr(template, 'plt_patch_size', 1) == 1
+    for row in ROWS:
+        got = template.encode(row, return_length=True)
+        template._encode_truncated = Template._encode_truncated.__wrapped__.__get__(template)  # the original
+        try:
+            ref = template.encode(row, return_length=True)
+        finally:
+            del template._encode_truncated
+        assert got == ref
+
+
+@pytest.mark.parametrize('k', [2, 3, 4])
+def test_template_pads_each_document_to_k(template, k):
+    template.plt_patch_size = k
+    try:
+        for row in ROWS:
+            got = template.encode(row, return_length=True)
+            n = len(got['input_ids'])
+            assert n % k == 0 and got['length'] == n and len(got['labels']) == n
+            template.plt_patch_size = 1
+            ref = template.encode(row, return_length=True)
+            template.plt_patch_size = k
+            m = len(ref['input_ids'])
+            assert n - m < k and got['input_ids'][:m] == ref['input_ids'] and got['labels'][:m] == ref['labels']
+            assert got['input_ids'][m:] == [template.tokenizer.pad_token_id] * (n - m)
+            assert got['labels'][m:] == [-100] * (n - m)
+    finally:
+        template.plt_patch_size = 1
+
+
+def test_packed_row_of_padded_documents_is_patch_aligned(template):
+    from swift_plt.plt import check_patch_aligned
+    template.plt_patch_size = 4
+    try:
+        packed = template.packing_row([template.encode(r, return_length=True) for r in ROWS])
+    finally:
+        template.plt_patch_size = 1
+    check_patch_aligned(torch.tensor([packed['position_ids']]), 4)
+    unpadded = template.packing_row([template.encode(r, return_length=True) for r in ROWS])
+    with pytest.raises(ValueError):
+        check_patch_aligned(torch.tensor([unpadded['position_ids']]), 4)
