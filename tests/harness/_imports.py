@@ -2,18 +2,22 @@
 
 One ``sys.meta_path`` finder (``HarnessFinder``) does two jobs:
 
-* **Stand-ins.** ``transformer_engine`` and ``triton`` are not installed on the CPU machine, but some mcore-bridge
-  modules import them unconditionally at module level. A stand-in is served only when the module doing the import
-  is one that the caller allowed (see ``add_standin``); anyone else (megatron-core, transformers, torch) still gets
-  ``ModuleNotFoundError`` and so keeps seeing "TE / triton absent". A stand-in also leaves ``sys.modules`` again as
-  soon as the importing module has finished executing (``_drop_standins``), so a later ``import transformer_engine``
-  elsewhere (e.g. megatron's ``HAVE_TE`` probes) does not find it there either.
+* **Stand-ins.** ``transformer_engine`` and ``triton`` are not installed on the CPU machine, but some upstream
+  modules import them unconditionally at module level. A stand-in is served only to the top-level code of modules
+  the caller allowed (``add_standin``); everyone else (megatron-core's ``HAVE_TE`` probes, transformers, torch, and
+  imports inside functions, e.g. mcore-bridge's ``_is_fp8_param``) still gets ``ModuleNotFoundError`` and so keeps
+  seeing "TE / triton absent". A stand-in is in ``sys.modules`` only while an allowed importer executes: it is
+  removed when that module finishes (``watch_prefixes``), and hidden from any module imported in the meantime
+  (``_HookedLoader(hide_standins=True)``), so no one else can pick it up from ``sys.modules``.
   Stand-in modules are empty: any attribute not explicitly provided raises ``AttributeError`` (hence ``ImportError``
   for ``from ... import``) naming the harness, so real use of TE/triton fails loudly.
 
 * **Post-import hooks.** ``when_imported(name, fn)`` runs ``fn(module)`` right after ``name`` has executed (or at once
   if it is already imported). The harness patches upstream modules this way, so ``install()`` itself imports
   nothing heavy and a process that never touches megatron pays nothing.
+
+Composes with other post-import finders (swift-plt's ``activation``): to find the real spec this finder asks the
+other finders in ``sys.meta_path`` and wraps whatever loader they return.
 """
 import importlib.abc
 import importlib.machinery
@@ -25,10 +29,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 _HOOKS: Dict[str, List[Callable[[types.ModuleType], None]]] = {}
 # root package name -> (importer predicate, {submodule fullname: {attr: value}})
 _STANDINS: Dict[str, Tuple[Callable[[str], bool], Dict[str, dict]]] = {}
-_STANDIN_CACHE: Dict[str, types.ModuleType] = {}
-# Modules whose loaders are wrapped so that stand-ins are dropped after they execute.
+_STANDIN_CACHE: Dict[str, types.ModuleType] = {}  # every stand-in module ever served, by full name
+# Modules (prefixes) whose loaders are wrapped so that stand-ins are dropped after they execute.
 _WATCHED_PREFIXES: Tuple[str, ...] = ()
-_guard = threading.local()
+_guard = threading.local()  # set while this finder asks the other finders (no recursion into itself)
 
 
 class StandInModule(types.ModuleType):
@@ -58,10 +62,16 @@ class _StandInLoader(importlib.abc.Loader):
 
 
 class _HookedLoader(importlib.abc.Loader):
-    """Delegates to the real loader and runs post-import hooks / drops stand-ins after ``exec_module``."""
+    """Delegates to the real loader; around ``exec_module`` it hides or drops stand-ins and runs post-import hooks.
 
-    def __init__(self, loader):
+    ``hide_standins``: the module is being imported while some stand-in sits in ``sys.modules`` (an allowed
+    importer is half-way through executing); it must not see it, so stand-ins are taken out for its execution and
+    put back afterwards. Otherwise stand-ins are dropped after the module executes.
+    """
+
+    def __init__(self, loader, hide_standins: bool):
         self._loader = loader
+        self._hide_standins = hide_standins
 
     def __getattr__(self, name):  # get_source, get_filename, is_package, ... of the real loader
         return getattr(self._loader, name)
@@ -70,29 +80,35 @@ class _HookedLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        hidden = _drop_standins() if self._hide_standins else {}
         try:
             self._loader.exec_module(module)
         finally:
             _drop_standins()
+            sys.modules.update(hidden)
         for fn in _HOOKS.get(module.__name__, ()):
             fn(sys.modules.get(module.__name__, module))
 
 
-def _importer_name() -> Optional[str]:
-    """``__name__`` of the module whose code is executing the current import statement."""
+def _importer() -> Tuple[str, bool]:
+    """(``__name__`` of the module whose code runs the current import statement, whether that code is the
+    module's top level rather than a function)."""
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         name = frame.f_globals.get('__name__', '')
         if not (filename.startswith('<frozen importlib') or name.startswith('importlib') or name == __name__):
-            return name
+            return name, frame.f_code.co_name == '<module>'
         frame = frame.f_back
-    return None
+    return '', False
 
 
-def _drop_standins():
-    for name in [n for n, m in sys.modules.items() if isinstance(m, StandInModule)]:
+def _drop_standins() -> Dict[str, types.ModuleType]:
+    """Remove stand-ins from ``sys.modules``; return what was removed."""
+    dropped = {n: sys.modules[n] for n in _STANDIN_CACHE if isinstance(sys.modules.get(n), StandInModule)}
+    for name in dropped:
         del sys.modules[name]
+    return dropped
 
 
 class HarnessFinder(importlib.abc.MetaPathFinder):
@@ -102,13 +118,15 @@ class HarnessFinder(importlib.abc.MetaPathFinder):
             return None
         root = fullname.split('.')[0]
         if root in _STANDINS:
-            if not _STANDINS[root][0](_importer_name() or ''):
+            importer, top_level = _importer()
+            if not (top_level and _STANDINS[root][0](importer)):
                 return None  # not an allowed importer: behave as if absent
             return importlib.machinery.ModuleSpec(fullname, _StandInLoader(), is_package=True)
-        if fullname in _HOOKS or fullname.startswith(_WATCHED_PREFIXES):
+        standins_present = any(isinstance(sys.modules.get(name), StandInModule) for name in _STANDIN_CACHE)
+        if standins_present or fullname in _HOOKS or fullname.startswith(_WATCHED_PREFIXES):
             spec = self._real_spec(fullname, path, target)
             if spec is not None and spec.loader is not None and not isinstance(spec.loader, _HookedLoader):
-                spec.loader = _HookedLoader(spec.loader)
+                spec.loader = _HookedLoader(spec.loader, hide_standins=standins_present)
             return spec
         return None
 
@@ -135,7 +153,9 @@ def ensure_finder():
 
 
 def add_standin(root: str, allowed_importer: Callable[[str], bool], attrs: Optional[Dict[str, dict]] = None):
-    """Serve an empty package ``root`` (and any ``root.*``) to importers for which ``allowed_importer(name)``.
+    """Serve an empty package ``root`` (and any ``root.*``) to the top-level code of modules for which
+    ``allowed_importer(module_name)`` holds. Imports from inside functions (run later, outside any module's
+    execution) never get a stand-in: they see the package as absent, so the stand-in cannot linger in sys.modules.
 
     ``attrs`` maps a module's full name to attributes it should carry (e.g. decorators evaluated at import time).
     """

@@ -1,0 +1,102 @@
+"""Run the stock ms-swift CLI (``megatron pt``, ``swift export``, ...) on CPU in a subprocess."""
+import ast
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+from .dist import free_port
+
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'site')
+
+# Flags a `megatron pt` / `megatron sft` run needs on this CPU stack (cpu_notes): no fused/flash attention, no
+# THD packing (TE only), no fused cross entropy, gloo instead of NCCL, weights built on the CPU, TP attributes set
+# (perform_initialization, see cpu_notes' first hazard), no distributed optimizer, no hub access.
+CPU_MEGATRON_ARGS: List[str] = [
+    '--attention_backend', 'unfused',
+    '--padding_free', 'false',
+    '--cross_entropy_loss_fusion', 'false',
+    '--ddp_backend', 'gloo',
+    '--use_cpu_initialization', 'true',
+    '--perform_initialization', 'true',
+    '--use_distributed_optimizer', 'false',
+    '--check_model', 'false',
+    '--split_dataset_ratio', '0',
+]  # yapf: disable
+
+
+def harness_env(env_extra: Optional[Dict[str, str]] = None, nproc: int = 1) -> Dict[str, str]:
+    """Environment of a CPU CLI run: harness sitecustomize on PYTHONPATH, one thread, offline, torchrun settings."""
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join([SITE_DIR] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    env.update({
+        'SWIFT_PLT_CPU_HARNESS': '1',
+        'OMP_NUM_THREADS': '1',
+        'MKL_NUM_THREADS': '1',
+        'TOKENIZERS_PARALLELISM': 'false',
+        'HF_HUB_OFFLINE': '1',
+        'TRANSFORMERS_OFFLINE': '1',
+        'HF_DATASETS_OFFLINE': '1',
+        'MODELSCOPE_OFFLINE': '1',
+        'CUDA_VISIBLE_DEVICES': '',
+        # ms-swift only relaunches under torchrun when NPROC_PER_NODE is set; ranks then get RANK etc.
+        'NPROC_PER_NODE': str(nproc),
+        'MASTER_ADDR': '127.0.0.1',
+        'MASTER_PORT': str(free_port()),
+        'PYTHONUNBUFFERED': '1',
+    })
+    env.update(env_extra or {})
+    return env
+
+
+def run_cli(argv: List[str],
+            env_extra: Optional[Dict[str, str]] = None,
+            nproc: int = 1,
+            timeout: float = 600,
+            cwd: Optional[str] = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` (e.g. ``['megatron', 'pt', '--model', d, ...]`` or ``['swift', 'export', ...]``) on CPU.
+
+    The entry point is taken from this interpreter's bin directory (the venv). Returns the CompletedProcess with
+    stdout and stderr merged in ``.stdout`` (text). ``check=True`` raises ``CalledProcessError`` on failure, with
+    the output in the message tail.
+    """
+    exe = os.path.join(os.path.dirname(sys.executable), argv[0])
+    cmd = [exe if os.path.exists(exe) else argv[0], *argv[1:]]
+    proc = subprocess.run(
+        cmd,
+        env=harness_env(env_extra, nproc),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout)
+    if check and proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, output=proc.stdout[-20000:])
+    return proc
+
+
+def parse_logs(output: str) -> List[dict]:
+    """Every log dict ms-swift's Megatron trainer printed, in order.
+
+    The trainer prints one Python dict per logging step (ms-swift 4.6.0 ``megatron/callbacks/print.py``), e.g.
+    ``{'loss': 6.35, 'grad_norm': 2.21, 'learning_rate': 0.000775, 'iteration': '1/3', 'elapsed_time': '0s', ...}``;
+    evaluation logs carry ``eval_*`` keys instead of ``loss``.
+    """
+    logs = []
+    for line in output.splitlines():
+        start, end = line.find('{'), line.rfind('}')
+        if start < 0 or end < start or "'iteration'" not in line:
+            continue
+        try:
+            d = ast.literal_eval(line[start:end + 1])
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(d, dict):
+            logs.append(d)
+    return logs
+
+
+def parse_losses(output: str) -> List[float]:
+    """Per-step training losses, i.e. ``'loss'`` of each training log dict (run with ``--logging_steps 1``)."""
+    return [float(d['loss']) for d in parse_logs(output) if 'loss' in d]

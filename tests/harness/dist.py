@@ -1,0 +1,145 @@
+"""torch.distributed (gloo) + megatron parallel state on CPU, in this process or in N spawned processes."""
+import io
+import os
+import random
+import socket
+import time
+import traceback
+from typing import Any, Callable, List
+
+from .patches import install
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _set_threads():
+    import torch
+    os.environ['OMP_NUM_THREADS'] = '1'
+    torch.set_num_threads(1)
+
+
+def init_megatron(*, rank: int = 0, world_size: int = 1, tp: int = 1, pp: int = 1, port: int = None,
+                  seed: int = 42):
+    """``install()``, gloo process group, ``initialize_model_parallel(tp, pp)`` and megatron's RNG seeding.
+
+    ``world_size`` must be a multiple of ``tp * pp`` (the rest is data parallel). Seeding follows
+    ``mcore_bridge.set_random_seed`` (pipeline stage p gets ``seed + 1009 * p``).
+    """
+    install()
+    _set_threads()
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+
+    if world_size % (tp * pp):
+        raise ValueError(f'world_size {world_size} is not a multiple of tp*pp = {tp * pp}')
+    if not dist.is_initialized():
+        os.environ.setdefault('MASTER_ADDR', '127.0.0.1')
+        os.environ['MASTER_PORT'] = str(port or os.environ.get('MASTER_PORT') or free_port())
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world_size))
+        dist.init_process_group('gloo', rank=rank, world_size=world_size)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    seed = seed + 1009 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def init_single_process_megatron(tp: int = 1, pp: int = 1, seed: int = 42):
+    """World of one process (so ``tp == pp == 1``); see ``init_megatron``."""
+    init_megatron(rank=0, world_size=1, tp=tp, pp=pp, seed=seed)
+
+
+def destroy_megatron():
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _dumps(obj) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes):
+    import torch
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue):
+    try:
+        init_megatron(rank=rank, world_size=world_size, tp=tp, pp=pp, port=port, seed=seed)
+        result = fn(*args)
+        queue.put((rank, True, _dumps(result)))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+        raise
+    finally:
+        try:
+            destroy_megatron()
+        except Exception:
+            pass
+
+
+def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: int = 42,
+          timeout: float = 300) -> List[Any]:
+    """Run ``fn(*args)`` in ``world_size`` fresh processes joined in a gloo group with megatron parallel state
+    ``(tp, pp)`` initialised; return the per-rank results (rank order).
+
+    ``fn`` and ``args`` must be picklable (``fn`` defined at module level). Results travel through ``torch.save``,
+    so tensors are fine. A fresh interpreter per rank also isolates megatron's global state (and the RoPE hazard,
+    see ``patches``) from the caller. Raises ``RuntimeError`` with the failing rank's traceback, or on timeout.
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context('spawn')
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue))
+        for rank in range(world_size)
+    ]
+    env_before = os.environ.get('OMP_NUM_THREADS')
+    os.environ['OMP_NUM_THREADS'] = '1'  # inherited by the children before torch starts there
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if env_before is None:
+            os.environ.pop('OMP_NUM_THREADS')
+        else:
+            os.environ['OMP_NUM_THREADS'] = env_before
+    results, deadline, ok = {}, time.monotonic() + timeout, False
+    try:
+        while len(results) < world_size:
+            if not queue.empty():
+                rank, success, payload = queue.get()
+                if not success:
+                    raise RuntimeError(f'rank {rank} failed:\n{payload}')
+                results[rank] = _loads(payload)
+                continue
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead and queue.empty():
+                raise RuntimeError(f'worker exited with code {dead[0].exitcode} without a result')
+            if time.monotonic() > deadline:
+                raise RuntimeError(f'spawn: timed out after {timeout} s')
+            time.sleep(0.05)
+        ok = True
+    finally:
+        for p in procs:  # after a failure the other ranks may wait in a collective forever: kill them
+            p.join(timeout=30 if ok else 0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results[r] for r in range(world_size)]

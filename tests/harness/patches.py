@@ -1,0 +1,297 @@
+"""``install()``: make ms-swift's Megatron backend run on a CPU-only machine, in-process.
+
+Written against ms-swift 4.6.0 -> mcore-bridge 1.6.5 -> megatron-core 0.16.1, torch 2.13.0+cpu, transformers 5.19,
+with neither transformer_engine nor triton installed. Every patch the harness applies is listed here; each entry
+names the upstream code it changes. All patches are applied lazily, right after the upstream module is imported
+(``_imports.when_imported``), so ``install()`` is cheap and can run from ``sitecustomize`` in every process.
+
+PATCHES (id: upstream target -- what and why)
+
+ P1 import stand-ins (``_imports``): ``transformer_engine`` for the top-level code of ``mcore_bridge.*`` modules
+    (tuners/lora, model/modules/{dsa_indexer,compressor,gated_delta_net,mtp_layer}, gpts/deepseek_v4,
+    mm_gpts/deepseek_v41 import it at module level in 1.6.5); ``triton`` (+ ``triton.language``) for
+    ``mcore_bridge.model.modules.kernels.qsa_block_sparse_attn`` (1.6.5) and megatron-core's
+    ``inference.contexts.attention_context.triton.tensor_ops`` (0.16.1, imported via ``ssm.mamba_mixer`` by
+    ``mcore_bridge.model.gpts.nemotron_h``), which import it unconditionally and apply ``@triton.jit`` at import.
+    Everyone else (megatron-core's ``HAVE_TE`` probes, torch, transformers) still sees both as absent.
+    Using anything from them raises (``StandInModule``); a ``@triton.jit`` kernel raises when launched.
+ P2 ``mcore_bridge.patcher.apply_patch`` (1.6.5): ``_patch_transformer_engine``, ``_patch_TEGroupedLinear`` and
+    ``_patch_TELinear`` are skipped; they edit TE classes that do not exist without TE (megatron-core sets
+    ``TEGroupedLinear = None`` and builds ``TELinear`` on a MagicMock).
+ P3 ``mcore_bridge.model.register.ModelLoader.get_transformer_layer_spec`` / ``get_mtp_block_spec`` (1.6.5), patched
+    on the CLASS, so loaders that subclass ModelLoader (e.g. swift-plt's) inherit it: build megatron-core's local
+    (non-TE) spec, ``use_transformer_engine=False``; upstream hard-codes True (NameError TENorm without TE).
+    In the same module the names ``TELinear``, ``TELayerNormColumnParallelLinear``, ``TEGroupedLinear`` (used only in
+    ``isinstance`` checks of ``_set_linear_is_expert``) are rebound to a class nothing is an instance of.
+ P4 ``mcore_bridge.bridge.gpt_bridge.GPTBridge._set_state_dict`` (1.6.5): the TE fused-norm keys
+    ``self_attention.linear_qkv.layer_norm_weight`` / ``mlp.linear_fc1.layer_norm_weight`` are mapped to the local
+    spec's ``input_layernorm.weight`` / ``pre_mlp_layernorm.weight`` (HF->mcore load and mcore->HF export).
+ P5 ``mcore_bridge.config.ModelConfig.__post_init__`` (1.6.5, class level, so plugin config_cls subclasses inherit
+    it): ``persist_layer_norm`` (ModelConfig default True; torch norm asserts False) and ``masked_softmax_fusion``
+    (needs the CUDA softmax kernels) are forced False.
+ P6 ``mcore_bridge.utils.set_random_seed`` (1.6.5): upstream skips ``model_parallel_cuda_manual_seed`` when
+    ``torch.cuda.device_count() == 0``, leaving megatron's RNG tracker empty (initialisation and dropout then fail);
+    the patched copy always seeds it. Rebound in ``mcore_bridge.utils`` and ``mcore_bridge.utils.megatron_utils``.
+ P7 ``megatron.core.tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` (0.16.1): read/write the
+    CPU default generator (megatron's CUDA RNG tracker then works unchanged).
+ P8 torch (2.13.0+cpu): ``CudaToCpuMode`` (``_cuda_to_cpu``) maps every CUDA device argument to the CPU and
+    ``Tensor.cuda()`` to identity; ``Tensor.type()`` reports ``torch.cuda.*`` to megatron-core callers (optimizer /
+    clip-grad assertions). Used by megatron's pipeline schedules and p2p communication, DDP buffers, the bridge's
+    collectives and ms-swift's trainer/metrics.
+ P9 ``torch.cuda`` (2.13.0+cpu): ``current_device`` -> 0, ``set_device`` / ``synchronize`` / ``empty_cache`` /
+    ``reset_peak_memory_stats`` -> no-op, ``Stream`` / ``Event`` / ``stream()`` / ``current_stream`` /
+    ``default_stream`` -> null objects (ms-swift's ``wrap_model``, megatron DDP), memory statistics -> 0,
+    ``get_rng_state`` / ``set_rng_state`` / ``manual_seed`` -> CPU generator.
+ P10 ``megatron.core.jit.jit_fuser`` (0.16.1): megatron decorates its bias-SwiGLU / bias-dropout-add fusions with
+    ``torch.compile`` at import time; on CPU that means an inductor C++ build per shape. Replaced by a no-op
+    decorator (megatron's own ``disable_jit_fuser``) unless env ``SWIFT_PLT_CPU_HARNESS_JIT=1``. Same math, eager.
+ P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
+    are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
+    differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
+    takes that path, on CPU megatron's local attention would multiply bf16 probabilities with fp32 values.
+
+Not patched (pass flags instead, see ``cli.CPU_MEGATRON_ARGS``): attention backend (``--attention_backend
+unfused``), padding-free/THD (``--padding_free false``), fused cross entropy, distributed optimizer, gloo
+(``--ddp_backend gloo``), CPU initialisation, ``--perform_initialization true`` (without it TP ranks > 0 count
+every gradient as a duplicate in grad-norm, see cpu_notes). Precision: ms-swift turns ``--torch_dtype float32``
+into fp16 mixed precision (``fp16=True``), whose first steps give inf/NaN gradients that megatron's NaN check
+rejects; for real fp32 add ``--fp16 false --bf16 false``; ``--torch_dtype bfloat16`` (bf16) also works.
+
+Known hazard, not patched globally: once mcore-bridge computes RoPE frequencies (``mcore_bridge.model.rope.
+get_rope_inv_freq``) it adds its own ``ROPE_INIT_FUNCTIONS['default']`` to transformers for the whole process;
+building/loading an HF Llama afterwards fails (``'LlamaConfig' object has no attribute 'rope_theta'``). The harness's
+own HF helpers (``make_tiny_llama``, ``hf_logits``) run under ``tiny.hf_rope_guard()``, which lifts the entry for
+their duration; elsewhere build HF models first, in another process, or inside ``hf_rope_guard()``.
+"""
+import os
+
+from . import _imports
+from ._cuda_to_cpu import enter_mode, patch_torch_cuda
+
+_INSTALLED = False
+
+
+# ---------------------------------------------------------------------------------------------------------- P1
+def _triton_jit(fn=None, **kwargs):
+    """``@triton.jit`` / ``@triton.jit(...)``: keep the Python function, refuse to launch it."""
+
+    def wrap(f):
+        return _UnavailableKernel(f)
+
+    return wrap if fn is None else wrap(fn)
+
+
+class _UnavailableKernel:
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, '__name__', 'kernel')
+
+    def __getitem__(self, grid):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f'triton kernel {self.__name__} called on the CPU test harness (triton is a stand-in).')
+
+
+def _passthrough_decorator(*args, **kwargs):
+    return lambda f: f
+
+
+class _Constexpr:
+    """``tl.constexpr`` (only used in annotations evaluated at import)."""
+
+
+_TRITON_ATTRS = {
+    'triton': {
+        'jit': _triton_jit,
+        'autotune': _passthrough_decorator,
+        'heuristics': _passthrough_decorator,
+        'cdiv': lambda a, b: -(-a // b),
+        'next_power_of_2': lambda n: 1 << (max(int(n), 1) - 1).bit_length(),
+    },
+    'triton.language': {
+        'constexpr': _Constexpr
+    },
+}
+
+
+# Modules that import triton unconditionally at module level and are imported on the path we use: mcore-bridge's
+# vendored QSA kernel (via mcore_bridge.model.modules) and megatron's inference tensor ops (via mamba_mixer, which
+# mcore_bridge.model.gpts.nemotron_h imports).
+_TRITON_IMPORTERS = (
+    'mcore_bridge.model.modules.kernels.qsa_block_sparse_attn',
+    'megatron.core.inference.contexts.attention_context.triton.tensor_ops',
+)
+
+
+def _install_standins():
+    _imports.add_standin('transformer_engine', lambda importer: importer.startswith('mcore_bridge.'))
+    _imports.add_standin('triton', lambda importer: importer in _TRITON_IMPORTERS, attrs=_TRITON_ATTRS)
+    _imports.watch_prefixes('mcore_bridge', *_TRITON_IMPORTERS)
+
+
+# ---------------------------------------------------------------------------------------------------------- P2
+def _patch_mcore_bridge_patcher(patcher):
+    skip = lambda: None  # noqa: E731
+    patcher._patch_transformer_engine = skip
+    patcher._patch_TEGroupedLinear = skip
+    patcher._patch_TELinear = skip
+
+
+# ---------------------------------------------------------------------------------------------------------- P3
+class _NoTEModule:
+    """Stands for a TE layer class in ``isinstance`` checks: nothing is an instance of it."""
+
+
+def _patch_model_register(register):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+
+    ModelLoader = register.ModelLoader
+    if getattr(ModelLoader, '_cpu_harness_patched', False):
+        return
+
+    def get_transformer_layer_spec(self, vp_stage=None):
+        # == ModelLoader.get_transformer_layer_spec of mcore-bridge 1.6.5 with use_transformer_engine=False.
+        with self._patch_experimental_attention_variant():
+            transformer_layer_spec = get_gpt_decoder_block_spec(
+                self.config,
+                use_transformer_engine=False,
+                normalization=self.config.normalization,
+                qk_l2_norm=self.config.qk_l2_norm,
+                vp_stage=vp_stage)
+            self._deepcopy_layer_spec(transformer_layer_spec)
+        if self.config.experimental_attention_variant == 'dsa':
+            raise NotImplementedError('CPU harness: DSA attention needs the TE layer spec.')
+        return transformer_layer_spec
+
+    def get_mtp_block_spec(self, transformer_layer_spec, vp_stage=None):
+        # == ModelLoader.get_mtp_block_spec of mcore-bridge 1.6.5 with use_transformer_engine=False.
+        mtp_block_spec = get_gpt_mtp_block_spec(
+            self.config, transformer_layer_spec, use_transformer_engine=False, vp_stage=vp_stage)
+        if mtp_block_spec is not None:
+            for layer_spec in mtp_block_spec.layer_specs:
+                layer_spec.module = register.MultiTokenPredictionLayer
+        return mtp_block_spec
+
+    ModelLoader.get_transformer_layer_spec = get_transformer_layer_spec
+    ModelLoader.get_mtp_block_spec = get_mtp_block_spec
+    ModelLoader._cpu_harness_patched = True
+    register.TELinear = register.TELayerNormColumnParallelLinear = register.TEGroupedLinear = _NoTEModule
+
+
+# ---------------------------------------------------------------------------------------------------------- P4
+_TE_FUSED_NORM_KEYS = {
+    'self_attention.linear_qkv.layer_norm_weight': 'input_layernorm.weight',
+    'mlp.linear_fc1.layer_norm_weight': 'pre_mlp_layernorm.weight',
+}
+
+
+def _patch_gpt_bridge(gpt_bridge):
+    GPTBridge = gpt_bridge.GPTBridge
+    if getattr(GPTBridge, '_cpu_harness_patched', False):
+        return
+    orig = GPTBridge._set_state_dict
+
+    def _set_state_dict(self, mg_module, mg_key, *args, **kwargs):
+        return orig(self, mg_module, _TE_FUSED_NORM_KEYS.get(mg_key, mg_key), *args, **kwargs)
+
+    GPTBridge._set_state_dict = _set_state_dict
+    GPTBridge._cpu_harness_patched = True
+
+
+# ---------------------------------------------------------------------------------------------------------- P5
+def _patch_model_config(model_config):
+    ModelConfig = model_config.ModelConfig
+    if getattr(ModelConfig, '_cpu_harness_patched', False):
+        return
+    orig = ModelConfig.__post_init__
+
+    def __post_init__(self):
+        self.persist_layer_norm = False
+        self.masked_softmax_fusion = False
+        orig(self)
+
+    ModelConfig.__post_init__ = __post_init__
+    ModelConfig._cpu_harness_patched = True
+
+
+# ---------------------------------------------------------------------------------------------------------- P6
+def _patch_set_random_seed(utils):
+    from megatron.core import mpu, tensor_parallel
+    from transformers import set_seed
+
+    def set_random_seed(seed_, data_parallel_random_init=False, te_rng_tracker=False, inference_rng_tracker=False,
+                        use_cudagraphable_rng=False):
+        # == mcore_bridge.utils.megatron_utils.set_random_seed of 1.6.5 without the `device_count() > 0` guard.
+        if seed_ is None or seed_ <= 0:
+            raise ValueError(f'Seed ({seed_}) should be a positive integer.')
+        seed = seed_ + (1009 * mpu.get_pipeline_model_parallel_rank())
+        if data_parallel_random_init:
+            seed = seed + (11 * mpu.get_data_parallel_rank())
+        set_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker, inference_rng_tracker,
+                                                        use_cudagraphable_rng)
+
+    utils.set_random_seed = set_random_seed
+    utils.megatron_utils.set_random_seed = set_random_seed
+
+
+# ---------------------------------------------------------------------------------------------------------- P7
+def _patch_megatron_random(random):
+    import torch
+
+    def _get_cuda_rng_state(device='cuda', clone=False, graph_safe=False):
+        return torch.get_rng_state()
+
+    def _set_cuda_rng_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    random._get_cuda_rng_state = _get_cuda_rng_state
+    random._set_cuda_rng_state = _set_cuda_rng_state
+
+
+# ---------------------------------------------------------------------------------------------------------- P10
+def _patch_megatron_jit(jit):
+    if os.environ.get('SWIFT_PLT_CPU_HARNESS_JIT', '0') != '1':
+        jit.disable_jit_fuser()
+
+
+# ---------------------------------------------------------------------------------------------------------- P11
+def _patch_fused_softmax(fused_softmax):
+    cls = fused_softmax.FusedScaleMaskSoftmax
+    if getattr(cls, '_cpu_harness_patched', False):
+        return
+    orig = cls.forward_torch_softmax
+
+    def forward_torch_softmax(self, input, mask, softmax_offset=None):
+        probs = orig(self, input, mask, softmax_offset)
+        return probs if probs.dtype == input.dtype else probs.to(input.dtype)
+
+    cls.forward_torch_softmax = forward_torch_softmax
+    cls._cpu_harness_patched = True
+
+
+def install():
+    """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    import torch  # noqa: F401  (P8/P9 patch torch itself)
+    patch_torch_cuda()  # P9
+    enter_mode()  # P8
+    _imports.ensure_finder()
+    _install_standins()  # P1
+    _imports.when_imported('mcore_bridge.patcher', _patch_mcore_bridge_patcher)  # P2
+    _imports.when_imported('mcore_bridge.model.register', _patch_model_register)  # P3
+    _imports.when_imported('mcore_bridge.bridge.gpt_bridge', _patch_gpt_bridge)  # P4
+    _imports.when_imported('mcore_bridge.config.model_config', _patch_model_config)  # P5
+    _imports.when_imported('mcore_bridge.utils', _patch_set_random_seed)  # P6
+    _imports.when_imported('megatron.core.tensor_parallel.random', _patch_megatron_random)  # P7
+    _imports.when_imported('megatron.core.jit', _patch_megatron_jit)  # P10
+    _imports.when_imported('megatron.core.fusions.fused_softmax', _patch_fused_softmax)  # P11
+
+
+def is_installed() -> bool:
+    return _INSTALLED

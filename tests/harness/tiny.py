@@ -1,0 +1,183 @@
+"""Tiny offline fixtures: a random-init HF Llama with a trained byte-level BPE tokenizer, and ms-swift jsonl data.
+
+Nothing is downloaded. The corpus is generated from a fixed vocabulary of English words, so the tokenizer and the
+data are identical on every machine for a given seed.
+"""
+import contextlib
+import json
+import os
+import random
+from typing import List
+
+_SUBJECTS = [
+    'The old sailor', 'A young scientist', 'My neighbour', 'The small cat', 'Every student', 'The quiet engineer',
+    'Our teacher', 'The tired farmer', 'A curious child', 'The city council', 'The river', 'The morning train',
+    'A travelling musician', 'The library', 'Her brother', 'The committee', 'The north wind', 'A careful reader'
+]
+_VERBS = [
+    'walked to', 'wrote about', 'looked at', 'carried', 'painted', 'measured', 'forgot', 'repaired', 'described',
+    'followed', 'opened', 'counted', 'remembered', 'discovered', 'explained', 'visited', 'borrowed', 'watched'
+]
+_OBJECTS = [
+    'the harbour', 'a long letter', 'the stars above the hills', 'an old wooden chair', 'the garden wall',
+    'the distance between two towns', 'the name of the ship', 'a broken clock', 'the history of the valley',
+    'the narrow bridge', 'the red door', 'seven apples', 'a map of the coast', 'the evening news', 'the last page',
+    'a basket of bread', 'the quiet field', 'the winter market'
+]
+_ENDINGS = [
+    'before the rain began.', 'after dinner.', 'with great care.', 'for the first time.', 'in the early morning.',
+    'without saying a word.', 'while the bells were ringing.', 'because nobody else would.', 'on a cold Tuesday.',
+    'and then went home.', 'as the sun went down.', 'in less than an hour.'
+]
+_PARAGRAPHS = [
+    'It is a truth universally acknowledged that a small model trained on a small corpus will learn only a little.',
+    'Numbers such as 3, 14, 159 and 2026 appear in text, and so do punctuation marks: commas, colons; dashes - and '
+    'question marks?',
+    'The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.',
+    'Once upon a time there was a village by the sea, where the fishermen mended their nets every evening.',
+]
+
+
+def sentences(n: int = 400, seed: int = 0) -> List[str]:
+    """``n`` deterministic English sentences."""
+    rng = random.Random(seed)
+    out = list(_PARAGRAPHS)
+    while len(out) < n:
+        out.append(f'{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_ENDINGS)}')
+    return out[:n]
+
+
+@contextlib.contextmanager
+def hf_rope_guard():
+    """Build/load HF models safely after mcore-bridge has computed RoPE frequencies in this process.
+
+    mcore-bridge 1.6.5 (``model/rope.py:get_rope_inv_freq``) adds its own ``'default'`` entry to transformers'
+    global ``ROPE_INIT_FUNCTIONS``; transformers 5.19 ``PreTrainedModel._init_weights`` then prefers it over the
+    model's ``compute_default_rope_parameters`` and fails on Llama (``'LlamaConfig' object has no attribute
+    'rope_theta'``). This removes the entry for the duration of the block and puts it back afterwards
+    (mcore-bridge re-adds it on every call anyway).
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    saved = ROPE_INIT_FUNCTIONS.pop('default', None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            ROPE_INIT_FUNCTIONS['default'] = saved
+
+
+def _train_tokenizer(vocab_size: int, seed: int, model_max_length: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ['<unk>', '<s>', '</s>', '<pad>']
+    tok = Tokenizer(models.BPE(unk_token='<unk>'))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False)
+    tok.train_from_iterator(sentences(600, seed), trainer=trainer)
+    bos = tok.token_to_id('<s>')
+    tok.post_processor = processors.TemplateProcessing(
+        single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', bos)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token='<s>',
+        eos_token='</s>',
+        unk_token='<unk>',
+        pad_token='<pad>',
+        model_max_length=model_max_length)
+
+
+def make_tiny_llama(out_dir: str,
+                    *,
+                    vocab_size: int = 512,
+                    hidden: int = 64,
+                    layers: int = 2,
+                    heads: int = 4,
+                    kv_heads: int = 2,
+                    ffn: int = 128,
+                    tie_word_embeddings: bool = False,
+                    seed: int = 0,
+                    max_position_embeddings: int = 512,
+                    initializer_range: float = 0.05) -> str:
+    """Write a random-init ``LlamaForCausalLM`` (fp32 safetensors) and its tokenizer to ``out_dir``; return it.
+
+    The tokenizer is a byte-level BPE (any text encodes) with ``<unk> <s> </s> <pad>`` = ids 0..3 and at most
+    ``vocab_size`` tokens. ``initializer_range`` is larger than Llama's 0.02 so that logits are far from zero and
+    a comparison against them means something.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if vocab_size < 300:
+        raise ValueError('vocab_size must be >= 300 (256 byte tokens + specials + merges).')
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = _train_tokenizer(vocab_size, seed, max_position_embeddings)
+    tokenizer.save_pretrained(out_dir)
+    # transformers 5 writes tokenizer_class "TokenizersBackend"; PreTrainedTokenizerFast loads under 4.x and 5.x.
+    tc_path = os.path.join(out_dir, 'tokenizer_config.json')
+    with open(tc_path) as f:
+        tc = json.load(f)
+    tc['tokenizer_class'] = 'PreTrainedTokenizerFast'
+    tc.pop('backend', None)
+    with open(tc_path, 'w') as f:
+        json.dump(tc, f, indent=2)
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        initializer_range=initializer_range,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype='float32')
+    with _fork_rng(seed), hf_rope_guard():
+        model = LlamaForCausalLM(config).float()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+class _fork_rng:
+    """Seed torch for a block without disturbing the caller's RNG state."""
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def __enter__(self):
+        import torch
+        self.state = torch.get_rng_state()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc):
+        import torch
+        torch.set_rng_state(self.state)
+
+
+def make_jsonl(path: str, rows: int = 64, seed: int = 0, max_sentences: int = 3) -> str:
+    """Write ``rows`` ms-swift pretraining rows ``{"messages": [{"role": "assistant", "content": text}]}``.
+
+    Each text is 1 to ``max_sentences`` sentences (with ``make_tiny_llama``'s tokenizer one sentence is ~15-30
+    tokens), shorter texts more frequent, so batches need padding and, at ``--max_length 64``, some rows exceed the
+    limit (ms-swift's default ``--truncation_strategy delete`` drops them).
+    """
+    rng = random.Random(seed)
+    pool = sentences(600, seed + 1)
+    counts = [n for n in range(1, max_sentences + 1) for _ in range(max_sentences + 1 - n)]  # 1 most frequent
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w', encoding='utf-8') as f:
+        for _ in range(rows):
+            text = ' '.join(rng.choice(pool) for _ in range(rng.choice(counts)))
+            f.write(json.dumps({'messages': [{'role': 'assistant', 'content': text}]}) + '\n')
+    return path
