@@ -79,3 +79,14 @@ def test_tp2_and_pp2_match_one_rank_at_step_1(tiny, tmp_path):
     print(f"step losses: 1 rank {ref}, {losses}")
     for name, got in losses.items():
         assert len(got) == 2 and got[0] == pytest.approx(ref[0], rel=2e-2), (name, got, ref)
+
+
+def test_swift_export_to_mcore_accepts_plt_model_type(tiny, tmp_path):
+    """`swift export --to_mcore` as typed, with --patch_size: weights convert and the precision test passes."""
+    model, _ = tiny
+    proc = run_cli(['swift', 'export', '--model', model, '--model_type', 'llama3_2_plt', '--custom_register_path',
+                    CUSTOM_MODEL, '--patch_size', '4', '--to_mcore', 'true', '--test_convert_precision', 'true',
+                    '--torch_dtype', 'bfloat16', '--output_dir', str(tmp_path / 'mcore')],
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert os.path.isdir(tmp_path / 'mcore')

@@ -114,3 +114,14 @@ def test_packed_row_of_padded_documents_is_patch_aligned(template):
     unpadded = template.packing_row([template.encode(r, return_length=True) for r in ROWS])
     with pytest.raises(ValueError):
         check_patch_aligned(torch.tensor([unpadded['position_ids']]), 4)
+
+
+def test_custom_model_imports_without_transformer_engine():
+    """No TE here (and no harness): the HF side registers, the Megatron side is skipped, twice is harmless."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+    code = ('import runpy, sys; runpy.run_path(%r); runpy.run_path(%r);'
+            'from swift.model import MODEL_MAPPING; from swift_plt.register import register_mcore;'
+            'print(MODEL_MAPPING["llama3_2_plt"].mcore_model_type, register_mcore())' % (path, path))
+    out = _python(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ['llama3_2_plt', 'False']
