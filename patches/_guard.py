@@ -26,3 +26,26 @@ def check_once(required=('ms-swift', )):
     if required not in _checked:
         check_versions(required)
         _checked.add(required)
+
+
+def has_field(upstream_cls, name: str, verified: str) -> bool:
+    """True if ``upstream_cls`` was already swapped for our subclass (idempotent apply); raise if upstream itself
+    grew the field, since our semantics could then silently differ from upstream's."""
+    from dataclasses import fields
+    if name not in {f.name for f in fields(upstream_cls)}:
+        return False
+    if getattr(upstream_cls, '_swift_plt', False):
+        return True
+    raise RuntimeError(f'swift-plt: upstream {upstream_cls.__qualname__} already has `{name}`; this patch was '
+                       f'verified against {verified}. Pin the verified version or set SWIFT_PLT_DISABLE=1.')
+
+
+def swap_class(module, upstream_cls, subclass) -> None:
+    """Replace ``module.<name>`` by ``subclass`` (which must subclass it) under the upstream name, before the
+    modules that import the name (and define further subclasses) run."""
+    assert issubclass(subclass, upstream_cls)
+    subclass._swift_plt = True
+    subclass.__module__ = upstream_cls.__module__
+    subclass.__qualname__ = upstream_cls.__qualname__
+    subclass.__doc__ = upstream_cls.__doc__
+    setattr(module, upstream_cls.__name__, subclass)

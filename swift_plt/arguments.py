@@ -21,16 +21,20 @@ def resolve_patch_size(args) -> int:
         config = getattr(getattr(args, 'model_info', None), 'config', None)
         k = getattr(config, 'patch_size', None)
     k = 1 if k is None else k
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f'--patch_size must be an integer >= 1 (1 = token-level training), got {k!r}.')
-    if k > 1 and not plt:
-        raise ValueError(f'--patch_size {k}: model type `{args.model_type}` has no patch-level training. Use '
-                         f'`--model_type {PLT_MODEL_TYPE} --custom_register_path custom_model/llama.py` (Llama '
-                         f'checkpoints), or drop --patch_size.')
+    check_patch_size(k, args.model_type, plt)
     args.patch_size = k
     if k > 1:
         check_plt_supported(args, k)
     return k
+
+
+def check_patch_size(k, model_type: str, plt: bool) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f'--patch_size must be an integer >= 1 (1 = token-level training), got {k!r}.')
+    if k > 1 and not plt:
+        raise ValueError(f'--patch_size {k}: model type `{model_type}` has no patch-level training. Use '
+                         f'`--model_type {PLT_MODEL_TYPE} --custom_register_path custom_model/llama.py` (Llama '
+                         f'checkpoints), or drop --patch_size.')
 
 
 def check_plt_supported(args, k: int) -> None:
