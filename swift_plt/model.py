@@ -32,6 +32,7 @@ class PLTModelConfig(ModelConfig):
         if self.patch_size is None:
             self.patch_size = int(getattr(self.hf_config, 'patch_size', None) or 1)
         if self.patch_size > 1:
+            # The CLI already refused these (swift_plt.arguments); this guards direct API use (RL drivers, scripts).
             unsupported = {
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
