@@ -219,6 +219,19 @@ def _stage_cmd(opts: Options, plan: TwoStagePlan, stage: int, state: StageState,
     ]
 
 
+def _stage_step(opts: Options, plan: TwoStagePlan, state: StageState, start_action: str,
+                start_init: List[str]) -> Step:
+    """complete -> skip; interrupted -> ms-swift's full resume from the latest checkpoint; else the fresh start."""
+    name = f'stage{state.stage}'
+    if state.complete:
+        return Step(name, f'skip (complete: {state.final_checkpoint})', None)
+    if state.resume_from:
+        return Step(name, f'resume from {state.resume_from}',
+                    _stage_cmd(opts, plan, state.stage, state, ['--mcore_model', state.resume_from, '--finetune',
+                                                                 'false']))
+    return Step(name, start_action, _stage_cmd(opts, plan, state.stage, state, start_init))
+
+
 def plan_steps(opts: Options, plan: TwoStagePlan) -> List[Step]:
     """What a run of ``opts`` does now, from the state on disk. Raises RecipeError before anything runs."""
     out = os.path.abspath(opts.output_dir)
@@ -227,29 +240,17 @@ def plan_steps(opts: Options, plan: TwoStagePlan) -> List[Step]:
     steps = []
     want = {'all': (1, 2, 3), '1': (1, ), '2': (2, ), 'export': (3, )}[opts.stage]
     if 1 in want:
-        if s1.complete:
-            steps.append(Step('stage1', f'skip (complete: {s1.final_checkpoint})', None))
-        elif s1.resume_from:
-            steps.append(Step('stage1', f'resume from {s1.resume_from}',
-                              _stage_cmd(opts, plan, 1, s1, ['--mcore_model', s1.resume_from, '--finetune', 'false'])))
-        else:
-            steps.append(Step('stage1', 'start', _stage_cmd(opts, plan, 1, s1, [])))
+        steps.append(_stage_step(opts, plan, s1, 'start', []))
     if 2 in want:
-        if s2.complete:
-            steps.append(Step('stage2', f'skip (complete: {s2.final_checkpoint})', None))
-        elif s2.resume_from:
-            steps.append(Step('stage2', f'resume from {s2.resume_from}',
-                              _stage_cmd(opts, plan, 2, s2, ['--mcore_model', s2.resume_from, '--finetune', 'false'])))
-        else:
-            start = opts.stage1_checkpoint or s1.final_checkpoint
-            will_exist = opts.stage1_checkpoint is None and 1 in want  # stage 1 runs first in this command
-            if not will_exist and checkpoint_iteration(start) is None:
-                raise RecipeError(
-                    f'stage 2 starts from the stage-1 checkpoint {start}, which does not exist or is incomplete '
-                    f'(no {os.path.basename(start)}/latest_checkpointed_iteration.txt). Run stage 1 first (--stage 1 '
-                    'or --stage all, same --output_dir and plan), or pass --stage1_checkpoint <checkpoint-N dir>.')
-            steps.append(Step('stage2', f'start from {start} (weights only: --finetune true)',
-                              _stage_cmd(opts, plan, 2, s2, ['--mcore_model', start, '--finetune', 'true'])))
+        start = opts.stage1_checkpoint or s1.final_checkpoint
+        will_exist = opts.stage1_checkpoint is None and 1 in want  # stage 1 runs first in this command
+        if not s2.complete and not s2.resume_from and not will_exist and checkpoint_iteration(start) is None:
+            raise RecipeError(
+                f'stage 2 starts from the stage-1 checkpoint {start}, which does not exist or is incomplete '
+                f'(no {os.path.basename(start)}/latest_checkpointed_iteration.txt). Run stage 1 first (--stage 1 '
+                'or --stage all, same --output_dir and plan), or pass --stage1_checkpoint <checkpoint-N dir>.')
+        steps.append(_stage_step(opts, plan, s2, f'start from {start} (weights only: --finetune true)',
+                                 ['--mcore_model', start, '--finetune', 'true']))
     if 3 in want:
         if not s2.complete and 2 not in want:
             raise RecipeError(f'nothing to export: stage 2 is not complete ({s2.final_checkpoint} missing). Run the '
