@@ -244,7 +244,8 @@ def plan_steps(opts: Options, plan: TwoStagePlan) -> List[Step]:
     if 2 in want:
         start = opts.stage1_checkpoint or s1.final_checkpoint
         will_exist = opts.stage1_checkpoint is None and 1 in want  # stage 1 runs first in this command
-        if not s2.complete and not s2.resume_from and not will_exist and checkpoint_iteration(start) is None:
+        if (not s2.complete and not s2.resume_from and not will_exist
+                and checkpoint_iteration(start) is None):
             raise RecipeError(
                 f'stage 2 starts from the stage-1 checkpoint {start}, which does not exist or is incomplete '
                 f'(no {os.path.basename(start)}/latest_checkpointed_iteration.txt). Run stage 1 first (--stage 1 '
