@@ -161,6 +161,8 @@ def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
             except (TypeError, ValueError):
                 raise RecipeError(f'--{k} must be an integer, got {values[k]!r}.') from None
     values['stage'] = str(values.get('stage', 'all'))
+    if values['stage'] not in ('all', '1', '2', 'export'):
+        raise RecipeError(f"--stage {values['stage']!r}: use all, 1, 2 or export.")
     values['tokens'] = str(values['tokens'])
     values['lam'] = str(values.get('lam', DEFAULT_LAM))
     values['dry_run'] = bool(values.get('dry_run', False))

@@ -274,6 +274,10 @@ def test_yaml_config_example_and_cli_override(tmp_path, model_dir):
     cfg.write_text('model: m\nbogus: 1\n')
     with pytest.raises(two_stage.RecipeError, match="unknown key 'bogus'"):
         two_stage.parse_options(['--config', str(cfg)])
+    cfg.write_text('stage: 3\n')
+    with pytest.raises(two_stage.RecipeError, match="--stage '3': use all, 1, 2 or export"):
+        two_stage.parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
+                                 '--max_length', '8', '--global_batch_size', '1'])
     cfg.write_text('args: {dataset: d.jsonl, bf16: true, lr: 0.001}\nstage1_args: [--lr, "2e-3"]\n')
     opts = two_stage.parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
                                     '--max_length', '8', '--global_batch_size', '1'])
