@@ -3,6 +3,7 @@ stage-1 weights, the vanilla export of both stages; plain transformers loads the
 the Megatron checkpoints'. One module-scoped run (~2 min): each test reads its part."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,15 @@ def run(tmp_path_factory):
     procs['export_stage1'] = run_cli(['swift-plt-export-vanilla', '--checkpoint', os.path.join(out, 'stage1_patch'),
                                       '--output_dir', os.path.join(out, 'hf_stage1'), *CPU_EXPORT_ARGS.split()],
                                      timeout=900)
+    # reference for the hand-over: the recipe's own stage-2 command, started from the vanilla export of stage 1 (HF
+    # weights, a fresh optimizer by construction) instead of `--mcore_model <stage 1> --finetune true`
+    with open(os.path.join(out, 'logs', 'stage2.log')) as f:
+        cmd = shlex.split(f.readline()[2:])
+    i = cmd.index('--mcore_model')
+    del cmd[i:i + 4]  # --mcore_model X --finetune true
+    cmd[cmd.index('--model') + 1] = os.path.join(out, 'hf_stage1')
+    cmd[cmd.index('--output_dir') + 1] = str(root / 'stage2_from_hf')
+    procs['stage2_from_hf'] = run_cli(['megatron', *cmd[1:]], timeout=900)
     return {'out': out, 'model': model, 'procs': procs}
 
 
@@ -78,6 +88,19 @@ def test_rerun_skips_stage1_and_stage2_starts_from_its_weights_with_fresh_optimi
     with open(os.path.join(run['out'], 'plan.json')) as f:
         plan = json.load(f)
     assert (plan['stage1']['train_iters'], plan['stage2']['train_iters'], plan['lam']) == (3, 3, '4/5')
+
+
+def test_handover_is_weights_only_and_lossless(run):
+    """Stage 2 of the recipe == the same command started from the stage-1 weights exported to HF (fresh optimizer,
+    LR schedule and iteration by construction): the same 3 steps (loss, grad norm, LR)."""
+    ref = run['procs']['stage2_from_hf']
+    assert ref.returncode == 0, ref.stdout[-5000:]
+    got = parse_logs(run['procs']['all'].stdout)
+    want = parse_logs(ref.stdout)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        for key in ('loss', 'grad_norm', 'learning_rate'):
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-9), (key, g, w)
 
 
 @pytest.mark.parametrize('export', ['hf', 'hf_stage1'])
