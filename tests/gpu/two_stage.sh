@@ -71,11 +71,13 @@ ok = True
 lines = []
 for stage, want in (('stage1_patch', 60), ('stage2_token', 120)):
     l = losses(stage)
-    falling = len(l) >= 10 and sum(l[-5:]) / 5 < sum(l[:5]) / 5
+    first5 = sum(l[:5]) / max(len(l[:5]), 1)
+    last5 = sum(l[-5:]) / max(len(l[-5:]), 1)
+    falling = len(l) >= 10 and last5 < first5
     ok &= falling and len(l) == want
     lines.append(f'2 {stage}: {len(l)} logged steps (want {want}); first={l[0] if l else None} '
-                 f'final={l[-1] if l else None}; mean(first 5)={sum(l[:5]) / 5 if l else 0:.4f} '
-                 f'mean(last 5)={sum(l[-5:]) / 5 if l else 0:.4f}; falling={"yes" if falling else "NO"}')
+                 f'final={l[-1] if l else None}; mean(first 5)={first5:.4f} mean(last 5)={last5:.4f}; '
+                 f'falling={"yes" if falling else "NO"}')
 s1, s2 = losses('stage1_patch'), losses('stage2_token')
 lines.append(f'2 stage-1 final loss (patch level, K=4): {s1[-1] if s1 else None}')
 lines.append(f'2 stage-2 loss, first 10 steps (token level, from the stage-1 weights): {[round(x, 4) for x in s2[:10]]}')
