@@ -42,7 +42,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import PLT_MODEL_TYPE
 from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, TwoStagePlan, make_plan
-from .vanilla import (REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
+from .vanilla import (PROVENANCE, REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
                       list_checkpoints, run_logged)
 
 STAGE_DIRS = {1: 'stage1_patch', 2: 'stage2_token'}
@@ -258,8 +258,19 @@ def plan_steps(opts: Options, plan: TwoStagePlan) -> List[Step]:
         if not s2.complete and 2 not in want:
             raise RecipeError(f'nothing to export: stage 2 is not complete ({s2.final_checkpoint} missing). Run the '
                               'stages first, or export any checkpoint with `python -m swift_plt.vanilla`.')
-        steps.append(Step('export', f'{s2.final_checkpoint} -> {os.path.join(out, EXPORT_DIR)}', None))
+        hf = os.path.join(out, EXPORT_DIR)
+        done = exported_from(hf) == os.path.abspath(s2.final_checkpoint)
+        steps.append(Step('export', f'skip (done: {hf})' if done else f'{s2.final_checkpoint} -> {hf}', None))
     return steps
+
+
+def exported_from(hf_dir: str) -> Optional[str]:
+    """The checkpoint a finished vanilla export in ``hf_dir`` came from (its provenance file), else None."""
+    try:
+        with open(os.path.join(hf_dir, PROVENANCE), encoding='utf-8') as f:
+            return json.load(f).get('checkpoint')
+    except (OSError, ValueError):
+        return None
 
 
 def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
@@ -307,6 +318,8 @@ def run(opts: Options) -> int:
     logs = os.path.join(out, 'logs')
     for step in steps:
         if step.name == 'export':
+            if step.action.startswith('skip'):
+                continue
             print(f'[export] vanilla HF Llama -> {os.path.join(out, EXPORT_DIR)}', flush=True)
             export_vanilla(os.path.join(out, STAGE_DIRS[2], f'checkpoint-{plan.stage2.train_iters}'),
                            os.path.join(out, EXPORT_DIR), opts.model, opts.export_args,

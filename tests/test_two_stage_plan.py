@@ -230,7 +230,14 @@ def test_resume_state_machine(model_dir, tmp_path):
     # both complete -> only the export is left
     fake_checkpoint(s2, 3)
     steps = steps_of(argv)
-    assert steps['stage1'].cmd is None and steps['stage2'].cmd is None and 'export' in steps
+    assert steps['stage1'].cmd is None and steps['stage2'].cmd is None
+    assert steps['export'].action == f"{s2 / 'checkpoint-3'} -> {out / 'hf'}"
+    # a finished export of this checkpoint (provenance written by the export) -> skipped; of another -> redone
+    (out / 'hf').mkdir()
+    (out / 'hf' / vanilla.PROVENANCE).write_text(json.dumps({'checkpoint': str(s2 / 'checkpoint-3')}))
+    assert steps_of(argv)['export'].action == f"skip (done: {out / 'hf'})"
+    (out / 'hf' / vanilla.PROVENANCE).write_text(json.dumps({'checkpoint': str(s1 / 'checkpoint-3')}))
+    assert steps_of(argv)['export'].action.endswith(f"-> {out / 'hf'}")
     # a checkpoint past the plan's train_iters: another plan's run
     fake_checkpoint(s2, 7)
     with pytest.raises(two_stage.RecipeError, match='past this plan'):
