@@ -30,7 +30,14 @@ setup(
         'megatron-core>=0.16.0,<0.17',
         'transformers>=4.43',
         'datasets',
+        'pyyaml',  # --config of the two-stage recipe (already a dependency of transformers / ms-swift)
         'torch',
     ],
+    entry_points={
+        'console_scripts': [
+            'swift-plt-two-stage = swift_plt.two_stage:main',
+            'swift-plt-export-vanilla = swift_plt.vanilla:main',
+        ],
+    },
     extras_require={'test': ['pytest']},
 )

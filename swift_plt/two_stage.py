@@ -1,0 +1,357 @@
+"""The two-stage PLT recipe in one command: patch-level stage, token-level stage, vanilla export.
+
+    python -m swift_plt.two_stage --model HF_DIR --tokens 2B --max_length 2048 --global_batch_size 256 \\
+        --output_dir runs/plt [--patch_size 4] [--lam 2/3] [--dry_run] [--config examples/two_stage.yaml] \\
+        [any `megatron pt` flag: --dataset ... --lr ... (passed to both stages)]
+    swift-plt-two-stage ...             (the same, console script)
+
+Each step is a STOCK command run as a subprocess (so it runs wherever `megatron pt` runs: CPU harness, 1 GPU, or
+torchrun with NPROC_PER_NODE set in the environment); its output goes to our stdout and to OUTPUT_DIR/logs/:
+
+  stage 1  megatron pt --model_type llama3_2_plt --patch_size K --max_length K*T --train_iters n1
+           --output_dir OUTPUT_DIR/stage1_patch
+  stage 2  megatron pt --model_type llama3_2_plt --patch_size 1 --max_length T --train_iters n2
+           --mcore_model OUTPUT_DIR/stage1_patch/checkpoint-n1 --finetune true --output_dir OUTPUT_DIR/stage2_token
+  export   megatron export --mcore_model OUTPUT_DIR/stage2_token/checkpoint-n2 --to_hf ... -> OUTPUT_DIR/hf
+           (then swift_plt.vanilla.make_vanilla: a plain HF Llama)
+
+Hand-over (weights only): ``--mcore_model <stage-1 checkpoint> --finetune true`` is ms-swift/Megatron's own
+weights-only load (``load_mcore_checkpoint``: with finetune it loads no optimizer, LR scheduler or RNG state and
+starts at iteration 0, i.e. exactly the paper's reset). It reads the checkpoint as trained (no HF round trip) and
+dist-checkpointing reshards it, so stage 2 may use another TP/PP layout. For it the stages save Megatron
+checkpoints (``--save_safetensors false``: ms-swift would skip the Megatron weights when saving safetensors without
+optimizer state); the HF model comes from the export, for stage 1 too (``swift_plt.vanilla``).
+
+Resume (rerun the same command): the state of each stage is read from its output dir:
+  * complete   ``checkpoint-n/latest_checkpointed_iteration.txt`` reads n (megatron writes it after the data) with
+               n = the stage's train_iters -> skipped;
+  * partial    a complete ``checkpoint-m``, m < n -> that stage resumes with ms-swift's own mechanism,
+               ``--mcore_model checkpoint-m --finetune false`` (weights, optimizer, LR schedule, RNG, iteration and
+               consumed samples; save them with ``--save_steps``; optimizer state is saved unless --no_save_optim);
+  * not started -> it starts (stage 1 from --model, stage 2 from the stage-1 checkpoint: missing -> error).
+The plan is written to OUTPUT_DIR/plan.json; a rerun with a different plan is refused before anything runs.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from . import PLT_MODEL_TYPE
+from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, TwoStagePlan, make_plan
+from .vanilla import (PROVENANCE, REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
+                      list_checkpoints, run_logged)
+
+STAGE_DIRS = {1: 'stage1_patch', 2: 'stage2_token'}
+EXPORT_DIR = 'hf'
+# Set by the recipe for each stage; a user value would contradict the plan or the hand-over.
+RESERVED = ('train_iters', 'num_train_epochs', 'max_epochs', 'max_length', 'packing_length', 'seq_length',
+            'patch_size', 'model_type', 'mcore_model', 'finetune', 'output_dir', 'add_version', 'save_safetensors',
+            'global_batch_size', 'model')
+
+
+class RecipeError(ValueError):
+    """Bad input or state, found before any work starts."""
+
+
+@dataclass
+class Options:
+    model: str
+    output_dir: str
+    tokens: str
+    max_length: int
+    global_batch_size: int
+    patch_size: int = DEFAULT_PATCH_SIZE
+    lam: str = str(DEFAULT_LAM)
+    args: List[str] = field(default_factory=list)  # both stages
+    stage1_args: List[str] = field(default_factory=list)
+    stage2_args: List[str] = field(default_factory=list)
+    export_args: List[str] = field(default_factory=list)  # `megatron export` (e.g. --torch_dtype, CPU flags)
+    stage: str = 'all'  # all | 1 | 2 | export
+    stage1_checkpoint: Optional[str] = None  # stage 2's start (default: OUTPUT_DIR/stage1_patch/checkpoint-n1)
+    dry_run: bool = False
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+def _flag_names(argv: Sequence[str]) -> List[str]:
+    return [a[2:].split('=', 1)[0].replace('-', '_') for a in argv if a.startswith('--')]
+
+
+def check_passthrough(argv: Sequence[str], where: str) -> None:
+    bad = sorted(set(_flag_names(argv)) & set(RESERVED))
+    if bad:
+        raise RecipeError(f'{where}: {", ".join("--" + b for b in bad)} is set by the two-stage recipe for each stage '
+                          '(from --tokens/--max_length/--global_batch_size/--patch_size/--lam/--output_dir); drop it.')
+
+
+def _as_argv(value) -> List[str]:
+    """Extra args from the CLI (one shell-quoted string) or YAML (a string, a list, or a {flag: value} mapping)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return shlex.split(value)
+    if isinstance(value, dict):
+        out = []
+        for k, v in value.items():
+            out += [f'--{k}'] + ([] if v is None else [json.dumps(v) if isinstance(v, (dict, list)) else
+                                                       (str(v).lower() if isinstance(v, bool) else str(v))])
+        return out
+    return [str(v) for v in value]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog='swift-plt-two-stage',
+        description='Two-stage patch-level training (PLT): stage 1 at patch size K on λ·N tokens, stage 2 at K=1 on '
+        '(1-λ)·N tokens from the stage-1 weights (fresh optimizer and LR schedule), then a plain HF Llama export. '
+        'Every flag not listed here is passed to `megatron pt` in both stages. Rerun the same command to resume.')
+    p.add_argument('--config', help='YAML file whose keys are these flags (the command line wins)')
+    p.add_argument('--model', help='HF Llama dir to start from')
+    p.add_argument('--output_dir', help='run dir: stage1_patch/, stage2_token/, hf/, logs/, plan.json')
+    p.add_argument('--tokens', help='token budget N: 2000000000, 2e9 or 2B (K/M/B/T = powers of 1000)')
+    p.add_argument('--max_length', type=int, help='T: token-level sequence length (the patch stage uses K*T)')
+    p.add_argument('--global_batch_size', type=int, help='sequences per optimizer step, both stages')
+    p.add_argument('--patch_size', type=int, help=f'K (default {DEFAULT_PATCH_SIZE})')
+    p.add_argument('--lam', help=f'λ, the patch-level fraction of N, in (0, 1) (default {DEFAULT_LAM})')
+    p.add_argument('--stage1_args', help='extra `megatron pt` flags for stage 1 only (one quoted string)')
+    p.add_argument('--stage2_args', help='extra `megatron pt` flags for stage 2 only (one quoted string)')
+    p.add_argument('--export_args', help='extra `megatron export` flags (one quoted string)')
+    p.add_argument('--stage', choices=['all', '1', '2', 'export'], help='run only this step (default: all)')
+    p.add_argument('--stage1_checkpoint', help='start stage 2 from this Megatron checkpoint')
+    p.add_argument('--dry_run', action='store_true', default=None, help='print the plan and commands, run nothing')
+    return p
+
+
+def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
+    parser = build_parser()
+    ns, rest = parser.parse_known_args(argv)
+    values: Dict[str, object] = {}
+    if ns.config:
+        import yaml
+        with open(ns.config, encoding='utf-8') as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            raise RecipeError(f'--config {ns.config}: expected a mapping of flag: value.')
+        known = {a.dest for a in parser._actions} - {'help', 'config'}
+        for k, v in loaded.items():
+            k = k.replace('-', '_')
+            if k == 'args':
+                values['args'] = _as_argv(v)
+            elif k in known:
+                values[k] = v
+            else:
+                raise RecipeError(f'--config {ns.config}: unknown key {k!r} (use one of {sorted(known)}; '
+                                  '`megatron pt` flags go under `args:`).')
+    for k, v in vars(ns).items():
+        if k != 'config' and v is not None:
+            values[k] = v
+    values['args'] = _as_argv(values.get('args')) + list(rest)
+    for k in ('stage1_args', 'stage2_args', 'export_args'):
+        values[k] = _as_argv(values.get(k))
+    missing = [k for k in ('model', 'output_dir', 'tokens', 'max_length', 'global_batch_size') if values.get(k) is None]
+    if missing:
+        raise RecipeError('missing ' + ', '.join('--' + m for m in missing) + ' (on the command line or in --config).')
+    for k in ('max_length', 'global_batch_size', 'patch_size'):
+        if k in values and not isinstance(values[k], int):
+            try:
+                values[k] = int(values[k])
+            except (TypeError, ValueError):
+                raise RecipeError(f'--{k} must be an integer, got {values[k]!r}.') from None
+    values['stage'] = str(values.get('stage', 'all'))
+    if values['stage'] not in ('all', '1', '2', 'export'):
+        raise RecipeError(f"--stage {values['stage']!r}: use all, 1, 2 or export.")
+    values['tokens'] = str(values['tokens'])
+    values['lam'] = str(values.get('lam', DEFAULT_LAM))
+    values['dry_run'] = bool(values.get('dry_run', False))
+    return Options(**values)
+
+
+# ---------------------------------------------------------------------------------------------- state machine
+@dataclass
+class StageState:
+    stage: int
+    train_iters: int
+    run_dir: str
+    checkpoints: Dict[int, str]
+
+    @property
+    def complete(self) -> bool:
+        return self.train_iters in self.checkpoints
+
+    @property
+    def resume_from(self) -> Optional[str]:
+        """Latest complete checkpoint before the end (an interrupted stage), else None."""
+        earlier = [i for i in self.checkpoints if i < self.train_iters]
+        return self.checkpoints[max(earlier)] if earlier and not self.complete else None
+
+    @property
+    def final_checkpoint(self) -> str:
+        return os.path.join(self.run_dir, f'checkpoint-{self.train_iters}')
+
+
+def stage_state(output_dir: str, stage: int, train_iters: int) -> StageState:
+    run_dir = os.path.join(output_dir, STAGE_DIRS[stage])
+    ckpts = list_checkpoints(run_dir) if os.path.isdir(run_dir) else {}
+    later = sorted(i for i in ckpts if i > train_iters)
+    if later:
+        raise RecipeError(f'{run_dir} holds checkpoint-{later[-1]}, past this plan\'s train_iters {train_iters}: it '
+                          'belongs to another plan. Use a new --output_dir.')
+    return StageState(stage, train_iters, run_dir, ckpts)
+
+
+@dataclass
+class Step:
+    name: str  # 'stage1', 'stage2', 'export'
+    action: str  # 'skip (complete)', 'start', 'resume from ...', 'run'
+    cmd: Optional[List[str]]
+
+
+def _stage_cmd(opts: Options, plan: TwoStagePlan, stage: int, state: StageState, init: List[str]) -> List[str]:
+    s = plan.stage1 if stage == 1 else plan.stage2
+    extra = opts.stage1_args if stage == 1 else opts.stage2_args
+    return [
+        cli_executable('megatron'), 'pt', '--model', opts.model, '--model_type', PLT_MODEL_TYPE,
+        '--custom_register_path', REGISTER_FILE, '--patch_size', str(s.patch_size), '--max_length',
+        str(s.seq_length), '--global_batch_size', str(plan.global_batch_size), '--train_iters', str(s.train_iters),
+        '--output_dir', state.run_dir, '--add_version', 'false', '--save_safetensors', 'false', *init, *opts.args,
+        *extra
+    ]
+
+
+def _stage_step(opts: Options, plan: TwoStagePlan, state: StageState, start_action: str,
+                start_init: List[str]) -> Step:
+    """complete -> skip; interrupted -> ms-swift's full resume from the latest checkpoint; else the fresh start."""
+    name = f'stage{state.stage}'
+    if state.complete:
+        return Step(name, f'skip (complete: {state.final_checkpoint})', None)
+    if state.resume_from:
+        return Step(name, f'resume from {state.resume_from}',
+                    _stage_cmd(opts, plan, state.stage, state, ['--mcore_model', state.resume_from, '--finetune',
+                                                                 'false']))
+    return Step(name, start_action, _stage_cmd(opts, plan, state.stage, state, start_init))
+
+
+def plan_steps(opts: Options, plan: TwoStagePlan) -> List[Step]:
+    """What a run of ``opts`` does now, from the state on disk. Raises RecipeError before anything runs."""
+    out = os.path.abspath(opts.output_dir)
+    s1 = stage_state(out, 1, plan.stage1.train_iters)
+    s2 = stage_state(out, 2, plan.stage2.train_iters)
+    steps = []
+    want = {'all': (1, 2, 3), '1': (1, ), '2': (2, ), 'export': (3, )}[opts.stage]
+    if 1 in want:
+        steps.append(_stage_step(opts, plan, s1, 'start', []))
+    if 2 in want:
+        start = opts.stage1_checkpoint or s1.final_checkpoint
+        will_exist = opts.stage1_checkpoint is None and 1 in want  # stage 1 runs first in this command
+        if (not s2.complete and not s2.resume_from and not will_exist
+                and checkpoint_iteration(start) is None):
+            raise RecipeError(
+                f'stage 2 starts from the stage-1 checkpoint {start}, which does not exist or is incomplete '
+                f'(no {os.path.basename(start)}/latest_checkpointed_iteration.txt). Run stage 1 first (--stage 1 '
+                'or --stage all, same --output_dir and plan), or pass --stage1_checkpoint <checkpoint-N dir>.')
+        steps.append(_stage_step(opts, plan, s2, f'start from {start} (weights only: --finetune true)',
+                                 ['--mcore_model', start, '--finetune', 'true']))
+    if 3 in want:
+        if not s2.complete and 2 not in want:
+            raise RecipeError(f'nothing to export: stage 2 is not complete ({s2.final_checkpoint} missing). Run the '
+                              'stages first, or export any checkpoint with `python -m swift_plt.vanilla`.')
+        hf = os.path.join(out, EXPORT_DIR)
+        done = exported_from(hf) == os.path.abspath(s2.final_checkpoint)
+        steps.append(Step('export', f'skip (done: {hf})' if done else f'{s2.final_checkpoint} -> {hf}', None))
+    return steps
+
+
+def exported_from(hf_dir: str) -> Optional[str]:
+    """The checkpoint a finished vanilla export in ``hf_dir`` came from (its provenance file), else None."""
+    try:
+        with open(os.path.join(hf_dir, PROVENANCE), encoding='utf-8') as f:
+            return json.load(f).get('checkpoint')
+    except (OSError, ValueError):
+        return None
+
+
+def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
+    path = os.path.join(out, 'plan.json')
+    current = plan.to_dict()
+    if os.path.exists(path):
+        with open(path, encoding='utf-8') as f:
+            old = json.load(f)
+        if old != current:
+            diff = {k: (old.get(k), current[k]) for k in current if old.get(k) != current[k]}
+            raise RecipeError(f'{out} holds a run with another plan (old, new): {diff}. Rerun with the same '
+                              '--tokens/--patch_size/--lam/--max_length/--global_batch_size to resume it, or use a '
+                              'new --output_dir.')
+    elif write:
+        os.makedirs(out, exist_ok=True)
+        with open(path, 'w', encoding='utf-8') as f:
+            json.dump(current, f, indent=2)
+
+
+def run(opts: Options) -> int:
+    for argv, where in ((opts.args, 'extra arguments'), (opts.stage1_args, '--stage1_args'),
+                        (opts.stage2_args, '--stage2_args')):
+        check_passthrough(argv, where)
+    try:
+        check_export_args(opts.export_args)
+    except ValueError as e:
+        raise RecipeError(f'--export_args: {e}') from None
+    if not os.path.isdir(opts.model):
+        raise RecipeError(f'--model {opts.model}: not a directory (pass a local HF Llama dir).')
+    try:
+        plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=opts.max_length,
+                         global_batch_size=opts.global_batch_size)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+    out = os.path.abspath(opts.output_dir)
+    print(plan.summary(), flush=True)
+    check_plan_file(out, plan, write=False)
+    steps = plan_steps(opts, plan)
+    for step in steps:
+        print(f'[{step.name}] {step.action}' + (f'\n    $ {subprocess.list2cmdline(step.cmd)}' if step.cmd else ''),
+              flush=True)
+    if opts.dry_run:
+        return 0
+    check_plan_file(out, plan, write=True)
+    logs = os.path.join(out, 'logs')
+    for step in steps:
+        if step.name == 'export':
+            if step.action.startswith('skip'):
+                continue
+            print(f'[export] vanilla HF Llama -> {os.path.join(out, EXPORT_DIR)}', flush=True)
+            export_vanilla(os.path.join(out, STAGE_DIRS[2], f'checkpoint-{plan.stage2.train_iters}'),
+                           os.path.join(out, EXPORT_DIR), opts.model, opts.export_args,
+                           log_path=os.path.join(logs, 'export.log'))
+            continue
+        if step.cmd is None:
+            continue
+        print(f'[{step.name}] running ({step.action}); log: {os.path.join(logs, step.name + ".log")}', flush=True)
+        rc = run_logged(step.cmd, os.path.join(logs, step.name + '.log'))
+        stage = int(step.name[-1])
+        state = stage_state(out, stage, plan.stage1.train_iters if stage == 1 else plan.stage2.train_iters)
+        if rc != 0 or not state.complete:
+            print(f'[{step.name}] failed (exit code {rc}; final checkpoint {state.final_checkpoint} '
+                  f'{"present" if state.complete else "missing"}). Fix the cause and rerun the same command: it '
+                  'resumes from the latest checkpoint of this stage.', file=sys.stderr, flush=True)
+            return rc or 1
+        print(f'[{step.name}] complete: {state.final_checkpoint}', flush=True)
+    print('[done] ' + (f'vanilla HF Llama: {os.path.join(out, EXPORT_DIR)}' if any(s.name == 'export' for s in steps)
+                       else 'requested stage(s) complete'), flush=True)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return run(parse_options(argv))
+    except (RecipeError, FileNotFoundError) as e:
+        print(f'swift-plt-two-stage: error: {e}', file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # a failed export (its log is above)
+        print(f'swift-plt-two-stage: {e}', file=sys.stderr)
+        return 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Vanilla export: any Megatron checkpoint of a ``llama3_2_plt`` run (patch stage or token stage) -> a plain HF Llama.
+
+    python -m swift_plt.vanilla --checkpoint OUT/stage2_token [--output_dir DIR] [--model HF_DIR] [-- EXPORT_ARGS]
+    swift-plt-export-vanilla ...        (the same, console script)
+
+The weights of a PLT model are Llama's whatever K was (K only changes how the model is *trained*), so the export
+is ms-swift's own ``megatron export --mcore_model CKPT --to_hf`` (mcore-bridge's GPTBridge writes the safetensors),
+run with ``--patch_size 1`` so that the Megatron model of ms-swift's optional ``--test_convert_precision`` check is
+the token-level one, followed by ``make_vanilla``: config.json becomes ``model_type: llama``,
+``architectures: [LlamaForCausalLM]`` with no ``patch_size`` and no ``auto_map``; no ``*.py`` file; ms-swift's
+``args.json`` (which would make ms-swift reload the PLT model type and plugin) is moved to
+``swift_plt_export.json`` as provenance. ``check_vanilla`` loads the result with plain
+``transformers.AutoModelForCausalLM`` (``trust_remote_code=False``).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import List, Optional, Sequence
+
+from . import PLT_MODEL_TYPE
+
+TRACKER = 'latest_checkpointed_iteration.txt'
+PROVENANCE = 'swift_plt_export.json'
+# The file ms-swift imports for `--custom_register_path` (registers llama3_2_plt), shipped in the package.
+REGISTER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'custom_register.py')
+# config.json keys a plain Llama must not have: PLT's training-time K, and remote-code hooks.
+NON_VANILLA_KEYS = ('patch_size', 'auto_map', 'custom_pipelines')
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def checkpoint_iteration(ckpt_dir: str) -> Optional[int]:
+    """Iteration recorded by megatron in ``ckpt_dir/latest_checkpointed_iteration.txt`` (written after the
+    checkpoint's data are saved), or None when there is no complete checkpoint there."""
+    path = os.path.join(ckpt_dir, TRACKER)
+    try:
+        with open(path) as f:
+            it = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return it if os.path.isdir(os.path.join(ckpt_dir, f'iter_{it:07d}')) else None
+
+
+def list_checkpoints(run_dir: str) -> dict:
+    """{iteration: dir} of the complete ms-swift checkpoints ``run_dir/checkpoint-N`` of a `megatron pt` run."""
+    found = {}
+    for d in glob.glob(os.path.join(run_dir, 'checkpoint-*')):
+        m = re.fullmatch(r'checkpoint-(\d+)', os.path.basename(d))
+        if m and checkpoint_iteration(d) == int(m.group(1)):
+            found[int(m.group(1))] = d
+    return found
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A Megatron checkpoint dir (``.../checkpoint-N``) or a run's output dir (its latest complete checkpoint)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f'checkpoint {path!r} does not exist.')
+    if checkpoint_iteration(path) is not None:
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise FileNotFoundError(f'{path!r} holds no complete Megatron checkpoint (a `checkpoint-N` folder with '
+                                f'{TRACKER}); pass the output_dir of a `megatron pt` run or one of its '
+                                'checkpoint-N folders.')
+    return found[max(found)]
+
+
+def source_model_dir(ckpt_dir: str) -> str:
+    """The HF model dir the run started from (tokenizer, config), from ms-swift's args.json in the checkpoint."""
+    for path in (os.path.join(ckpt_dir, 'args.json'), os.path.join(os.path.dirname(ckpt_dir), 'args.json')):
+        if os.path.exists(path):
+            with open(path, encoding='utf-8') as f:
+                args = json.load(f)
+            for key in ('model_dir', 'model'):
+                if args.get(key) and os.path.isdir(args[key]):
+                    return args[key]
+    raise FileNotFoundError(f'cannot tell which HF model {ckpt_dir!r} was trained from (no args.json naming an '
+                            'existing model dir); pass --model <the HF model dir of the run>.')
+
+
+# ---------------------------------------------------------------------------------------------- vanilla config
+def vanilla_config(config: dict) -> dict:
+    """config.json of a (PLT-trained) Llama -> the plain Llama config (a new dict)."""
+    model_type = str(config.get('model_type', ''))
+    if 'llama' not in model_type.lower():
+        raise ValueError(f'config.json has model_type {model_type!r}: the vanilla export writes Llama checkpoints '
+                         f'only ({PLT_MODEL_TYPE} trains Llama models).')
+    out = {k: v for k, v in config.items() if k not in NON_VANILLA_KEYS}
+    out['model_type'] = 'llama'
+    out['architectures'] = ['LlamaForCausalLM']
+    return out
+
+
+def make_vanilla(hf_dir: str, provenance: Optional[dict] = None) -> None:
+    """Rewrite an HF dir written by the bridge in place into a plain Llama checkpoint (see module docstring)."""
+    path = os.path.join(hf_dir, 'config.json')
+    with open(path, encoding='utf-8') as f:
+        config = json.load(f)
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump(vanilla_config(config), f, indent=2, sort_keys=True)
+    for py in glob.glob(os.path.join(hf_dir, '*.py')):
+        os.remove(py)
+    record = dict(provenance or {})
+    args_path = os.path.join(hf_dir, 'args.json')
+    if os.path.exists(args_path):
+        with open(args_path, encoding='utf-8') as f:
+            record['ms_swift_args'] = json.load(f)
+        os.remove(args_path)
+    with open(os.path.join(hf_dir, PROVENANCE), 'w', encoding='utf-8') as f:
+        json.dump(record, f, indent=2, default=str)
+
+
+def check_vanilla(hf_dir: str) -> dict:
+    """Raise AssertionError unless ``hf_dir`` is a plain HF Llama that plain transformers loads without remote
+    code; return a short report. Run it where swift-plt is not active (``SWIFT_PLT_DISABLE=1``) to prove that
+    nothing of the plugin is needed."""
+    with open(os.path.join(hf_dir, 'config.json'), encoding='utf-8') as f:
+        config = json.load(f)
+    problems = [f'config.json has {k!r}' for k in NON_VANILLA_KEYS if k in config]
+    if config.get('model_type') != 'llama':
+        problems.append(f'model_type is {config.get("model_type")!r}')
+    if config.get('architectures') != ['LlamaForCausalLM']:
+        problems.append(f'architectures is {config.get("architectures")!r}')
+    problems += [f'custom code file {os.path.basename(p)}' for p in glob.glob(os.path.join(hf_dir, '*.py'))]
+    if problems:
+        raise AssertionError(f'{hf_dir} is not a vanilla Llama checkpoint: ' + '; '.join(problems))
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False)
+    cls = type(model)
+    if (cls.__module__, cls.__name__) != ('transformers.models.llama.modeling_llama', 'LlamaForCausalLM'):
+        raise AssertionError(f'{hf_dir} loads as {cls.__module__}.{cls.__name__}, not transformers LlamaForCausalLM')
+    return {'class': f'{cls.__module__}.{cls.__name__}', 'model_type': config['model_type'],
+            'num_parameters': sum(p.numel() for p in model.parameters())}
+
+
+# ---------------------------------------------------------------------------------------------- the export
+def cli_executable(name: str) -> str:
+    """``megatron`` / ``swift`` of this interpreter's environment (a venv need not be on PATH), else PATH's."""
+    exe = os.path.join(os.path.dirname(sys.executable), name)
+    return exe if os.path.exists(exe) else (shutil.which(name) or name)
+
+
+def run_logged(cmd: List[str], log_path: str, env: Optional[dict] = None) -> int:
+    """Run ``cmd``, copying its merged stdout/stderr to our stdout and to ``log_path``; return the exit code."""
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, 'a', encoding='utf-8') as log:
+        log.write(f'$ {subprocess.list2cmdline(cmd)}\n')
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                errors='replace')
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        return proc.wait()
+
+
+def check_export_args(extra: Sequence[str], patch_size: Optional[int] = None) -> None:
+    """Refuse a request to export a patch-level (K>1) model: exported models are plain Llamas."""
+    ks = [patch_size] if patch_size is not None else []
+    ks += [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == '--patch_size']
+    ks += [a.split('=', 1)[1] for a in extra if a.startswith('--patch_size=')]
+    for k in ks:
+        if str(k).strip() != '1':
+            raise ValueError(f'--patch_size {k}: the vanilla export writes a plain Llama (no patch_size in its config: '
+                             'the same weights serve every K, and K is a training-time setting of '
+                             f'{PLT_MODEL_TYPE}). Drop --patch_size; to train further at patch level, pass the '
+                             'exported dir to `megatron pt --model_type llama3_2_plt --patch_size K`.')
+    for flag in ('--to_mcore', '--mcore_model', '--output_dir', '--model_type', '--to_hf'):
+        if any(a == flag or a.startswith(flag + '=') for a in extra):
+            raise ValueError(f'{flag} is set by the vanilla export itself; drop it from the extra arguments.')
+
+
+def export_command(ckpt_dir: str, output_dir: str, model: str, extra: Sequence[str] = ()) -> List[str]:
+    return [
+        cli_executable('megatron'), 'export', '--mcore_model', ckpt_dir, '--model', model, '--model_type',
+        PLT_MODEL_TYPE, '--custom_register_path', REGISTER_FILE, '--patch_size', '1', '--to_hf', 'true',
+        '--output_dir', output_dir, *extra
+    ]
+
+
+def export_vanilla(checkpoint: str,
+                   output_dir: str,
+                   model: Optional[str] = None,
+                   extra: Sequence[str] = (),
+                   patch_size: Optional[int] = None,
+                   log_path: Optional[str] = None,
+                   dry_run: bool = False) -> List[str]:
+    """Export ``checkpoint`` (a checkpoint-N dir or a run's output dir) to ``output_dir`` as a plain HF Llama.
+
+    ``extra``: more `megatron export` flags (e.g. ``--torch_dtype bfloat16``, ``--test_convert_precision true``).
+    Checks everything before running. Writes into ``output_dir + '.tmp'`` and renames it at the end, so
+    ``output_dir`` only ever holds a finished export. Returns the command.
+    """
+    check_export_args(extra, patch_size)
+    ckpt = resolve_checkpoint(checkpoint)
+    model = model or source_model_dir(ckpt)
+    output_dir = os.path.abspath(output_dir)
+    tmp = output_dir + '.tmp'
+    cmd = export_command(ckpt, tmp, model, extra)
+    if dry_run:
+        return cmd
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    rc = run_logged(cmd, log_path or os.path.join(os.path.dirname(output_dir), 'logs', 'export.log'))
+    if rc != 0:
+        raise RuntimeError(f'`megatron export` failed (exit code {rc}); see the log above.')
+    make_vanilla(tmp, {'checkpoint': os.path.abspath(ckpt), 'iteration': checkpoint_iteration(ckpt),
+                       'source_model': model, 'command': cmd})
+    if os.path.exists(output_dir):
+        shutil.rmtree(output_dir)
+    os.rename(tmp, output_dir)
+    return cmd
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog='swift-plt-export-vanilla',
+        description='Export a Megatron checkpoint of a llama3_2_plt run (patch or token stage) as a plain HF Llama. '
+        'Unknown flags are passed to `megatron export`.')
+    parser.add_argument('--checkpoint', required=False, help='checkpoint-N dir, or a `megatron pt` output_dir')
+    parser.add_argument('--output_dir', help='default: <checkpoint>-vanilla')
+    parser.add_argument('--model', help='HF model dir the run started from (default: from args.json)')
+    parser.add_argument('--patch_size', type=int, help='refused unless 1: exported models are plain Llamas')
+    parser.add_argument('--check', metavar='HF_DIR', help='only check that HF_DIR is a vanilla Llama and exit')
+    parser.add_argument('--dry_run', action='store_true', help='print the command only')
+    args, extra = parser.parse_known_args(argv)
+    try:
+        if args.check:
+            print(json.dumps(check_vanilla(args.check)))
+            return 0
+        if not args.checkpoint:
+            parser.error('--checkpoint is required (or --check HF_DIR)')
+        out = args.output_dir or os.path.abspath(resolve_checkpoint(args.checkpoint)) + '-vanilla'
+        cmd = export_vanilla(args.checkpoint, out, args.model, extra, args.patch_size, dry_run=args.dry_run)
+    except (ValueError, FileNotFoundError, RuntimeError, AssertionError) as e:
+        print(f'swift-plt-export-vanilla: error: {e}', file=sys.stderr)
+        return 2
+    print(('would run: ' if args.dry_run else 'exported with: ') + subprocess.list2cmdline(cmd))
+    if not args.dry_run:
+        print(f'vanilla Llama written to {out}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The two-stage PLT recipe end to end on one GPU (device kind nvidia-h200, carry=['.gpu_kit']), from the repo root:
+#     bash tests/gpu/two_stage.sh                 (~4-5 min; summary: $OUT/two_stage_summary.txt)
+#   0. setup: source .gpu_kit/setup_device.sh; pip-install this repo; generated tiny Llama (examples/make_tiny_llama.py)
+#   1. swift-plt-two-stage --tokens 737280 --patch_size 4 --lam 2/3 --max_length 256 --global_batch_size 8:
+#      stage 1 K=4 at length 1024, 491520 tokens / 8192 per step = 60 steps; stage 2 K=1 at 256 from the stage-1
+#      weights (fresh optimizer + LR schedule), 245760 / 2048 = 120 steps; vanilla export -> $W/run/hf
+#   2. rerun of the same command: must skip both stages and the export (resume state machine)
+#   3. plain transformers loads the export with swift-plt disabled (model_type llama, no patch_size, no auto_map)
+#   4. tests/gpu/export_logits.py: export logits vs the stage-2 Megatron checkpoint (bf16 as trained, and fp32)
+# Checks: every command rc=0, the loss falls in both stages (mean of the last 5 logged < mean of the first 5).
+# env: PLT_WORK (scratch, default /tmp/plt_two_stage).
+set -o pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 1
+OUT=${OUT:-/tmp/plt_gpu_out}
+mkdir -p "$OUT"
+SUM=$OUT/two_stage_summary.txt
+: >"$SUM"
+W=${PLT_WORK:-/tmp/plt_two_stage}
+rm -rf "$W"
+mkdir -p "$W"
+T0=$SECONDS
+say() { echo "$*" | tee -a "$SUM"; }
+now() { echo "t=$((SECONDS - T0))s"; }
+FAIL=0
+
+say "== swift-plt two-stage recipe on GPU, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')"
+say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) CPUs"
+# shellcheck disable=SC1091
+source .gpu_kit/setup_device.sh >"$OUT/two_stage_setup.log" 2>&1 || { say "setup: FAILED (two_stage_setup.log)"; exit 1; }
+python3 -m pip install --no-deps --no-build-isolation --no-index . >>"$OUT/two_stage_setup.log" 2>&1 ||
+  python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$OUT/two_stage_setup.log" 2>&1 ||
+  { say "setup: pip install . FAILED (two_stage_setup.log)"; exit 1; }
+command -v swift-plt-two-stage >/dev/null || { say "setup: swift-plt-two-stage not on PATH"; exit 1; }
+python3 examples/make_tiny_llama.py "$W/tiny" >>"$OUT/two_stage_setup.log" 2>&1 || { say "setup: tiny model FAILED"; exit 1; }
+say "0 setup ok; $(now)"
+
+RECIPE=(swift-plt-two-stage --model "$W/tiny/model" --output_dir "$W/run" --tokens 737280 --patch_size 4 --lam 2/3
+  --max_length 256 --global_batch_size 8
+  --dataset "$W/tiny/train.jsonl" --template llama --micro_batch_size 4 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 5
+  --torch_dtype bfloat16 --attention_backend fused --logging_steps 1 --save_steps 30 --seed 42
+  --dataloader_num_workers 2 --dataset_num_proc 4
+  --export_args "--torch_dtype bfloat16")
+export NPROC_PER_NODE=1 MASTER_PORT=29741 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+say "1 command: ${RECIPE[*]}"
+t=$SECONDS
+"${RECIPE[@]}" >"$OUT/two_stage_run.log" 2>&1
+rc=$?
+say "1 two-stage run: rc=$rc $((SECONDS - t))s; $(now)"
+[ $rc = 0 ] || FAIL=1
+sed -n '/^Two-stage PLT plan/,/compute vs token-level/p' "$OUT/two_stage_run.log" | tee -a "$SUM"
+grep -E '^\[(stage1|stage2|export|done)\]' "$OUT/two_stage_run.log" | tee -a "$SUM"
+
+python3 - "$W/run" "$SUM" <<'EOF' || FAIL=1
+import json, os, sys
+run, summary = sys.argv[1], sys.argv[2]
+def losses(stage):
+    path = os.path.join(run, stage, 'logging.jsonl')
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if 'loss' in d:
+                out.append(float(d['loss']))
+    return out
+ok = True
+lines = []
+for stage, want in (('stage1_patch', 60), ('stage2_token', 120)):
+    l = losses(stage)
+    first5 = sum(l[:5]) / max(len(l[:5]), 1)
+    last5 = sum(l[-5:]) / max(len(l[-5:]), 1)
+    falling = len(l) >= 10 and last5 < first5
+    ok &= falling and len(l) == want
+    lines.append(f'2 {stage}: {len(l)} logged steps (want {want}); first={l[0] if l else None} '
+                 f'final={l[-1] if l else None}; mean(first 5)={first5:.4f} mean(last 5)={last5:.4f}; '
+                 f'falling={"yes" if falling else "NO"}')
+s1, s2 = losses('stage1_patch'), losses('stage2_token')
+lines.append(f'2 stage-1 final loss (patch level, K=4): {s1[-1] if s1 else None}')
+lines.append(f'2 stage-2 loss, first 10 steps (token level, from the stage-1 weights): {[round(x, 4) for x in s2[:10]]}')
+lines.append(f'2 final loss (stage 2, step {len(s2)}): {s2[-1] if s2 else None}')
+with open(summary, 'a') as f:
+    for x in lines:
+        print(x)
+        f.write(x + '\n')
+sys.exit(0 if ok else 1)
+EOF
+
+t=$SECONDS
+"${RECIPE[@]}" >"$OUT/two_stage_rerun.log" 2>&1
+rc=$?
+skipped=$(grep -c -E '^\[(stage[12]\] skip \(complete|export\] skip \(done)' "$OUT/two_stage_rerun.log")
+trained=$(grep -c "'iteration'" "$OUT/two_stage_rerun.log")
+say "3 rerun (resume state machine): rc=$rc $((SECONDS - t))s, steps skipped=$skipped (want 3), training log lines=$trained (want 0)"
+[ $rc = 0 ] && [ "$skipped" = 3 ] && [ "$trained" = 0 ] || FAIL=1
+
+chk=$(cd /tmp && SWIFT_PLT_DISABLE=1 python3 -m swift_plt.vanilla --check "$W/run/hf" 2>&1)
+rc=$?
+chk=$(echo "$chk" | tail -1)
+say "4 plain transformers (plugin disabled) loads the export: rc=$rc $chk"
+say "4 export config.json: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print({k: c.get(k) for k in ('model_type', 'architectures', 'patch_size', 'auto_map', 'dtype', 'torch_dtype')})" "$W/run/hf/config.json" 2>&1)"
+echo "$chk" | grep -q LlamaForCausalLM || FAIL=1
+
+ck=$(ls -d "$W"/run/stage2_token/checkpoint-120 2>/dev/null)
+python3 tests/gpu/export_logits.py --hf "$W/run/hf" --checkpoint "${ck:-missing}" --source "$W/tiny/model" \
+  --data "$W/tiny/train.jsonl" --json "$OUT/two_stage_export_logits.json" >"$OUT/two_stage_export_logits.log" 2>&1
+rc=$?
+grep '^EXPORT_LOGITS' "$OUT/two_stage_export_logits.log" | sed 's/^/5 /' | tee -a "$SUM"
+say "5 export_logits.py: rc=$rc"
+[ $rc = 0 ] || FAIL=1
+
+cp "$W/run/plan.json" "$OUT/two_stage_plan.json" 2>/dev/null
+for s in stage1_patch stage2_token; do cp "$W/run/$s/logging.jsonl" "$OUT/two_stage_$s.logging.jsonl" 2>/dev/null; done
+say "== $([ $FAIL = 0 ] && echo PASS || echo FAIL), $(now)"
+exit $FAIL

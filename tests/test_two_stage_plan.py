@@ -1,0 +1,336 @@
+"""The two-stage recipe without running it: budget arithmetic (brute force and by hand), the errors, the commands
+it composes, the resume state machine on fake checkpoint dirs, the YAML form, and the vanilla-export checks."""
+import itertools
+import json
+import math
+import os
+import random
+from fractions import Fraction
+
+import pytest
+
+from swift_plt import two_stage, vanilla
+from swift_plt.plan import make_plan, min_tokens, parse_lam, parse_tokens
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+def brute_force_iters(budget, per_step):
+    n = 0
+    while (n + 1) * per_step <= budget:
+        n += 1
+    return n
+
+
+def test_plan_matches_brute_force_on_random_inputs():
+    rng = random.Random(0)
+    for _ in range(300):
+        k, t, g = rng.randint(2, 8), rng.choice([8, 16, 32, 100]), rng.randint(1, 16)
+        q = rng.randint(2, 12)
+        lam = Fraction(rng.randint(1, q - 1), q)
+        n = rng.randint(min_tokens(k, lam, t, g), 40 * g * k * t)
+        plan = make_plan(n, k, lam, seq_length=t, global_batch_size=g)
+        # stage 1's share: the largest integer <= λ·N, found by counting (λ exact: p/q)
+        share1 = max(x for x in range(n + 1) if x * lam.denominator <= lam.numerator * n)
+        assert (plan.stage1.budget_tokens, plan.stage2.budget_tokens) == (share1, n - share1)
+        assert plan.stage1.train_iters == brute_force_iters(share1, g * k * t)
+        assert plan.stage2.train_iters == brute_force_iters(n - share1, g * t)
+        assert plan.stage1.seq_length == k * t and plan.stage2.seq_length == t
+        assert plan.stage1.tokens == plan.stage1.train_iters * g * k * t <= share1
+        assert plan.stage2.tokens == plan.stage2.train_iters * g * t <= n - share1
+        assert plan.consumed_tokens <= n
+        assert plan.nominal_compute_ratio == lam / k + 1 - lam
+        # steps actually run / steps of token-level training on the tokens consumed
+        steps_token_level = Fraction(plan.consumed_tokens, g * t)
+        assert plan.actual_compute_ratio == (plan.stage1.train_iters + plan.stage2.train_iters) / steps_token_level
+
+
+def test_plan_by_hand():
+    # README example: N=2B, K=4, λ=2/3, T=2048, G=256
+    plan = make_plan('2B', 4, '2/3', seq_length=2048, global_batch_size=256)
+    assert plan.stage1.budget_tokens == 1_333_333_333  # floor(2e9 * 2/3)
+    assert plan.stage1.tokens_per_step == 256 * 4 * 2048 == 2_097_152
+    assert plan.stage1.train_iters == 635  # 1333333333 / 2097152 = 635.78
+    assert plan.stage2.budget_tokens == 666_666_667
+    assert plan.stage2.tokens_per_step == 524_288
+    assert plan.stage2.train_iters == 1271  # 666666667 / 524288 = 1271.56
+    assert plan.nominal_compute_ratio == Fraction(1, 2)
+    assert plan.actual_compute_ratio == Fraction(635 + 1271, 4 * 635 + 1271)
+    text = plan.summary()
+    assert 'train_iters 635 (rounded down)' in text and 'train_iters 1,271 (rounded down)' in text
+    assert 'λ/K + 1 - λ = 0.5000 (FLOP saving 50.0%)' in text
+    # exact fits: nothing left by rounding
+    plan = make_plan(3 * 4096, 4, '2/3', seq_length=256, global_batch_size=2)  # 8192 / 2048, 4096 / 512
+    assert (plan.stage1.train_iters, plan.stage2.train_iters, plan.consumed_tokens) == (4, 8, 3 * 4096)
+    assert plan.actual_compute_ratio == Fraction(12, 24)
+
+
+def test_lambda_is_exact_not_float():
+    # float(0.29) * 100 = 28.999999999999996 -> a float floor would give stage 1 one token less
+    assert math.floor(0.29 * 100) == 28
+    plan = make_plan(100, 2, '0.29', seq_length=1, global_batch_size=1)
+    assert plan.stage1.budget_tokens == 29 and plan.stage1.train_iters == 14  # 29 // 2
+    assert parse_lam('2/3') == Fraction(2, 3) and parse_lam(0.5) == Fraction(1, 2)
+
+
+@pytest.mark.parametrize('k, lam, t, g', list(itertools.product([2, 4], ['1/2', '2/3', '0.9', '1/7'], [1, 3, 16],
+                                                                 [1, 5])))
+def test_min_tokens_is_the_smallest_budget_with_one_step_per_stage(k, lam, t, g):
+    n = min_tokens(k, parse_lam(lam), t, g)
+    plan = make_plan(n, k, lam, seq_length=t, global_batch_size=g)
+    assert plan.stage1.train_iters >= 1 and plan.stage2.train_iters >= 1
+    with pytest.raises(ValueError, match='too small for one training step'):
+        make_plan(n - 1, k, lam, seq_length=t, global_batch_size=g)
+
+
+def test_too_small_budget_message_names_the_stage_and_the_minimum():
+    with pytest.raises(ValueError) as e:
+        make_plan(1000, 4, '2/3', seq_length=64, global_batch_size=4)  # stage 1 needs 1024 tokens per step
+    msg = str(e.value)
+    assert 'stage 1 (patch level) gets 666 tokens but one step needs 1,024' in msg
+    assert 'stage 2 (token level) gets 334 tokens but one step needs 256' not in msg  # stage 2 has a step
+    assert f'--tokens >= {min_tokens(4, Fraction(2, 3), 64, 4):,}' in msg
+
+
+@pytest.mark.parametrize('lam', ['0', '1', '-0.1', '1.5', '3/2', 0, 1.0])
+def test_lambda_outside_0_1_is_refused(lam):
+    with pytest.raises(ValueError, match=r'outside \(0, 1\)'):
+        make_plan('1M', 4, lam, seq_length=16, global_batch_size=1)
+
+
+@pytest.mark.parametrize('lam', ['abc', '1/0', ''])
+def test_lambda_garbage_is_refused(lam):
+    with pytest.raises(ValueError, match='expected a fraction'):
+        parse_lam(lam)
+
+
+@pytest.mark.parametrize('text, n', [('2B', 2 * 10**9), ('1e9', 10**9), ('1.5M', 1_500_000), ('300k', 300_000),
+                                     (12345, 12345), ('2T', 2 * 10**12)])
+def test_parse_tokens(text, n):
+    assert parse_tokens(text) == n
+
+
+@pytest.mark.parametrize('text', ['0', '-5', 'abc', '1.5', '1e-3', True])
+def test_parse_tokens_refuses(text):
+    with pytest.raises(ValueError):
+        parse_tokens(text)
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(patch_size=1), 'needs K >= 2'),
+    (dict(patch_size=0), 'positive integer'),
+    (dict(seq_length=0), '--max_length must be a positive integer'),
+    (dict(global_batch_size=-1), '--global_batch_size must be a positive integer'),
+])
+def test_bad_shapes_are_refused(kwargs, message):
+    args = dict(tokens='1M', patch_size=4, lam='2/3', seq_length=16, global_batch_size=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        make_plan(args.pop('tokens'), args.pop('patch_size'), args.pop('lam'), **args)
+
+
+# ---------------------------------------------------------------------------------------------- runner (dry)
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / 'model'
+    d.mkdir()
+    (d / 'config.json').write_text('{"model_type": "llama"}')
+    return str(d)
+
+
+def base_argv(model_dir, out, *extra):
+    return ['--model', model_dir, '--output_dir', str(out), '--tokens', '3840', '--lam', '0.8', '--max_length', '64',
+            '--global_batch_size', '4', '--dataset', 'd.jsonl', '--lr', '1e-3', *extra]
+
+
+def steps_of(argv):
+    opts = two_stage.parse_options(argv)
+    plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=opts.max_length,
+                     global_batch_size=opts.global_batch_size)
+    return {s.name: s for s in two_stage.plan_steps(opts, plan)}
+
+
+def flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_dry_run_prints_plan_and_commands(model_dir, tmp_path, capsys):
+    rc = two_stage.main(base_argv(model_dir, tmp_path / 'out', '--stage1_args', '--lr 2e-3', '--dry_run'))
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert 'λ/K + 1 - λ = 0.4000' in out  # 0.8 / 4 + 0.2
+    assert 'train_iters 3 (rounded down)' in out
+    assert not os.path.exists(tmp_path / 'out')  # dry run: nothing written
+    steps = steps_of(base_argv(model_dir, tmp_path / 'out', '--stage1_args', '--lr 2e-3'))
+    s1, s2 = steps['stage1'].cmd, steps['stage2'].cmd
+    assert s1[1:3] == ['pt', '--model'] and s2[1] == 'pt'
+    assert (flag(s1, '--patch_size'), flag(s1, '--max_length'), flag(s1, '--train_iters')) == ('4', '256', '3')
+    assert (flag(s2, '--patch_size'), flag(s2, '--max_length'), flag(s2, '--train_iters')) == ('1', '64', '3')
+    assert flag(s1, '--model_type') == flag(s2, '--model_type') == 'llama3_2_plt'
+    assert '--mcore_model' not in s1
+    assert flag(s2, '--mcore_model') == str(tmp_path / 'out' / 'stage1_patch' / 'checkpoint-3')
+    assert flag(s2, '--finetune') == 'true'  # weights only: fresh optimizer and LR schedule
+    for cmd in (s1, s2):  # user flags reach both stages, after the recipe's
+        assert flag(cmd, '--dataset') == 'd.jsonl'
+    assert s1[-2:] == ['--lr', '2e-3'] and s2.count('--lr') == 1  # stage-only flags last (they win)
+    assert steps['export'].cmd is None
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--train_iters', '5'], '--train_iters is set by the two-stage recipe'),
+    (['--mcore_model=x'], '--mcore_model is set by the two-stage recipe'),
+    (['--stage2_args', '--finetune false'], '--stage2_args: --finetune is set'),
+    (['--export_args', '--patch_size 4'], 'the vanilla export writes a plain Llama'),
+    (['--lam', '1'], 'outside (0, 1)'),
+    (['--tokens', '1000'], 'too small for one training step'),
+])
+def test_errors_before_anything_runs(model_dir, tmp_path, capsys, extra, message):
+    rc = two_stage.main(base_argv(model_dir, tmp_path / 'out', *extra))
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+    assert not os.path.exists(tmp_path / 'out')
+
+
+def test_missing_arguments_and_model(tmp_path, capsys):
+    assert two_stage.main(['--tokens', '1M']) == 2
+    assert 'missing --model, --output_dir, --max_length, --global_batch_size' in capsys.readouterr().err
+    assert two_stage.main(base_argv(str(tmp_path / 'nope'), tmp_path / 'out')) == 2
+    assert 'not a directory' in capsys.readouterr().err
+
+
+def fake_checkpoint(run_dir, it, complete=True):
+    d = run_dir / f'checkpoint-{it}'
+    (d / f'iter_{it:07d}').mkdir(parents=True)
+    if complete:
+        (d / 'latest_checkpointed_iteration.txt').write_text(str(it))
+    return str(d)
+
+
+def test_resume_state_machine(model_dir, tmp_path):
+    out = tmp_path / 'out'
+    argv = base_argv(model_dir, out)
+    s1, s2 = out / 'stage1_patch', out / 'stage2_token'
+    # stage 1 interrupted after checkpoint-2 (checkpoint-3 half written: no tracker)
+    ck2 = fake_checkpoint(s1, 2)
+    fake_checkpoint(s1, 3, complete=False)
+    steps = steps_of(argv)
+    assert steps['stage1'].action == f'resume from {ck2}'
+    assert (flag(steps['stage1'].cmd, '--mcore_model'), flag(steps['stage1'].cmd, '--finetune')) == (ck2, 'false')
+    # stage 1 complete -> skipped; stage 2 starts from it, weights only
+    (s1 / 'checkpoint-3' / 'latest_checkpointed_iteration.txt').write_text('3')
+    steps = steps_of(argv)
+    assert steps['stage1'].cmd is None and steps['stage1'].action.startswith('skip (complete')
+    assert flag(steps['stage2'].cmd, '--mcore_model') == str(s1 / 'checkpoint-3')
+    assert flag(steps['stage2'].cmd, '--finetune') == 'true'
+    # stage 2 interrupted -> resumes stage 2 (full state), not from stage 1
+    ck = fake_checkpoint(s2, 1)
+    steps = steps_of(argv)
+    assert (flag(steps['stage2'].cmd, '--mcore_model'), flag(steps['stage2'].cmd, '--finetune')) == (ck, 'false')
+    # both complete -> only the export is left
+    fake_checkpoint(s2, 3)
+    steps = steps_of(argv)
+    assert steps['stage1'].cmd is None and steps['stage2'].cmd is None
+    assert steps['export'].action == f"{s2 / 'checkpoint-3'} -> {out / 'hf'}"
+    # a finished export of this checkpoint (provenance written by the export) -> skipped; of another -> redone
+    (out / 'hf').mkdir()
+    (out / 'hf' / vanilla.PROVENANCE).write_text(json.dumps({'checkpoint': str(s2 / 'checkpoint-3')}))
+    assert steps_of(argv)['export'].action == f"skip (done: {out / 'hf'})"
+    (out / 'hf' / vanilla.PROVENANCE).write_text(json.dumps({'checkpoint': str(s1 / 'checkpoint-3')}))
+    assert steps_of(argv)['export'].action.endswith(f"-> {out / 'hf'}")
+    # a checkpoint past the plan's train_iters: another plan's run
+    fake_checkpoint(s2, 7)
+    with pytest.raises(two_stage.RecipeError, match='past this plan'):
+        steps_of(argv)
+
+
+def test_stage2_without_stage1_checkpoint_is_refused(model_dir, tmp_path, capsys):
+    out = tmp_path / 'out'
+    assert two_stage.main(base_argv(model_dir, out, '--stage', '2')) == 2
+    err = capsys.readouterr().err
+    assert 'stage 2 starts from the stage-1 checkpoint' in err and 'does not exist or is incomplete' in err
+    fake_checkpoint(out / 'stage1_patch', 3, complete=False)  # interrupted save
+    assert two_stage.main(base_argv(model_dir, out, '--stage', '2')) == 2
+    assert 'does not exist or is incomplete' in capsys.readouterr().err
+    assert two_stage.main(base_argv(model_dir, out, '--stage', '2', '--stage1_checkpoint', str(tmp_path))) == 2
+    assert f'stage-1 checkpoint {tmp_path}' in capsys.readouterr().err
+    ck = fake_checkpoint(tmp_path / 'elsewhere', 9)
+    steps = steps_of(base_argv(model_dir, out, '--stage', '2', '--stage1_checkpoint', ck))
+    assert flag(steps['stage2'].cmd, '--mcore_model') == ck and 'stage1' not in steps
+    assert two_stage.main(base_argv(model_dir, out, '--stage', 'export')) == 2
+    assert 'nothing to export: stage 2 is not complete' in capsys.readouterr().err
+
+
+def test_rerun_with_another_plan_is_refused(model_dir, tmp_path, capsys):
+    out = tmp_path / 'out'
+    opts = two_stage.parse_options(base_argv(model_dir, out))
+    plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=64, global_batch_size=4)
+    two_stage.check_plan_file(str(out), plan, write=True)
+    two_stage.check_plan_file(str(out), plan, write=False)  # same plan: fine
+    assert two_stage.main(base_argv(model_dir, out, '--lam', '0.75', '--dry_run')) == 2
+    assert 'holds a run with another plan' in capsys.readouterr().err
+
+
+def test_yaml_config_example_and_cli_override(tmp_path, model_dir):
+    example = os.path.join(REPO, 'examples', 'two_stage.yaml')
+    opts = two_stage.parse_options(['--config', example, '--model', model_dir, '--lam', '3/4', '--seed', '1'])
+    assert opts.model == model_dir and opts.lam == '3/4'  # the command line wins
+    assert opts.patch_size == 4 and opts.tokens and opts.max_length and opts.global_batch_size
+    assert '--dataset' in opts.args and opts.args[-2:] == ['--seed', '1']  # YAML args, then the command line's
+    cfg = tmp_path / 'c.yaml'
+    cfg.write_text('model: m\nbogus: 1\n')
+    with pytest.raises(two_stage.RecipeError, match="unknown key 'bogus'"):
+        two_stage.parse_options(['--config', str(cfg)])
+    cfg.write_text('stage: 3\n')
+    with pytest.raises(two_stage.RecipeError, match="--stage '3': use all, 1, 2 or export"):
+        two_stage.parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
+                                 '--max_length', '8', '--global_batch_size', '1'])
+    cfg.write_text('args: {dataset: d.jsonl, bf16: true, lr: 0.001}\nstage1_args: [--lr, "2e-3"]\n')
+    opts = two_stage.parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
+                                    '--max_length', '8', '--global_batch_size', '1'])
+    assert opts.args == ['--dataset', 'd.jsonl', '--bf16', 'true', '--lr', '0.001']
+    assert opts.stage1_args == ['--lr', '2e-3']
+
+
+# ---------------------------------------------------------------------------------------------- vanilla export
+def test_vanilla_config():
+    src = {'model_type': 'llama', 'architectures': ['PLTLlamaForCausalLM'], 'patch_size': 4,
+           'auto_map': {'AutoModelForCausalLM': 'modeling_plt.PLTLlamaForCausalLM'}, 'hidden_size': 64}
+    out = vanilla.vanilla_config(src)
+    assert out == {'model_type': 'llama', 'architectures': ['LlamaForCausalLM'], 'hidden_size': 64}
+    assert src['patch_size'] == 4  # input untouched
+    with pytest.raises(ValueError, match='Llama checkpoints only'):
+        vanilla.vanilla_config({'model_type': 'qwen2'})
+
+
+@pytest.mark.parametrize('patch_size, extra', [(4, []), (None, ['--patch_size', '2']), (None, ['--patch_size=8'])])
+def test_vanilla_export_refuses_patch_size_above_1(tmp_path, patch_size, extra):
+    with pytest.raises(ValueError, match='the vanilla export writes a plain Llama'):
+        vanilla.export_vanilla(str(tmp_path), str(tmp_path / 'o'), extra=extra, patch_size=patch_size)
+    assert vanilla.main(['--checkpoint', str(tmp_path), '--patch_size', '4']) == 2
+
+
+def test_vanilla_export_command_and_checkpoint_resolution(tmp_path):
+    run = tmp_path / 'run'
+    fake_checkpoint(run, 2)
+    ck5 = fake_checkpoint(run, 5)
+    fake_checkpoint(run, 7, complete=False)
+    (run / 'args.json').write_text(json.dumps({'model': str(tmp_path)}))
+    assert vanilla.resolve_checkpoint(str(run)) == ck5 and vanilla.resolve_checkpoint(ck5) == ck5
+    cmd = vanilla.export_vanilla(str(run), str(tmp_path / 'hf'), extra=['--torch_dtype', 'bfloat16'], dry_run=True)
+    assert cmd[1:3] == ['export', '--mcore_model'] and flag(cmd, '--mcore_model') == ck5
+    assert flag(cmd, '--model') == str(tmp_path)  # from args.json
+    assert flag(cmd, '--patch_size') == '1' and flag(cmd, '--to_hf') == 'true'
+    assert flag(cmd, '--output_dir') == str(tmp_path / 'hf') + '.tmp' and cmd[-2:] == ['--torch_dtype', 'bfloat16']
+    with pytest.raises(FileNotFoundError, match='no complete Megatron checkpoint'):
+        vanilla.resolve_checkpoint(str(tmp_path / 'run' / 'checkpoint-7'))
+
+
+def test_check_vanilla_reports_what_is_not_vanilla(tmp_path):
+    (tmp_path / 'config.json').write_text(json.dumps({'model_type': 'llama_plt', 'patch_size': 4,
+                                                      'architectures': ['LlamaForCausalLM']}))
+    (tmp_path / 'modeling_plt.py').write_text('')
+    with pytest.raises(AssertionError) as e:
+        vanilla.check_vanilla(str(tmp_path))
+    assert "config.json has 'patch_size'" in str(e.value) and "model_type is 'llama_plt'" in str(e.value)
+    assert 'custom code file modeling_plt.py' in str(e.value)
