@@ -96,7 +96,8 @@ def test_template_pads_each_document_to_k(template, k):
             ref = template.encode(row, return_length=True)
             template.plt_patch_size = k
             m = len(ref['input_ids'])
-            assert n - m < k and got['input_ids'][:m] == ref['input_ids'] and got['labels'][:m] == ref['labels']
+            assert n - m < k and got['input_ids'][:m] == ref['input_ids']
+            assert got['labels'][:k] == [-100] * k and got['labels'][k:m] == ref['labels'][k:]  # first patch masked
             assert got['input_ids'][m:] == [template.tokenizer.pad_token_id] * (n - m)
             assert got['labels'][m:] == [-100] * (n - m)
     finally:
