@@ -1,15 +1,17 @@
 """The stock `megatron pt` CLI on CPU (tests/harness): PLT trains, K=1 is bit-for-bit ms-swift without the
 plugin, bad input fails before step 1 with the documented message."""
+import json
 import math
 import os
 
 import pytest
 
-from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
+from harness.cli import CPU_MEGATRON_ARGS, hf_train_logs, parse_logs, run_cli
 from harness.tiny import make_jsonl, make_tiny_llama
 
 pytestmark = pytest.mark.slow
-CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+CUSTOM_MODEL = os.path.join(REPO, 'custom_model', 'llama.py')
 
 
 @pytest.fixture(scope='module')
@@ -90,3 +92,55 @@ def test_swift_export_to_mcore_accepts_plt_model_type(tiny, tmp_path):
                    timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert os.path.isdir(tmp_path / 'mcore')
+
+
+# ------------------------------------------------------------------------------------ swift pt (ms-swift HF backend)
+def swift_pt(tiny, out_dir, *extra, model_type='llama3_2_plt', env=None):
+    model, data = tiny
+    return run_cli(['swift', 'pt', '--model', model, '--model_type', model_type, '--template', 'llama',
+                    '--custom_register_path', CUSTOM_MODEL, '--dataset', data, '--max_length', '64',
+                    '--tuner_type', 'full', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false',
+                    '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
+                    '--logging_steps', '1', '--save_strategy', 'no', '--seed', '7', '--split_dataset_ratio', '0',
+                    '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
+                    '--output_dir', str(out_dir), *extra], env_extra=env, timeout=900)
+
+
+def test_readme_cpu_quickstart_swift_pt_patch_size_4_trains(tmp_path):
+    """The README's "CPU, no GPU" quickstart as typed (examples/quickstart_cpu.sh), 10 of its 40 steps: the HF PLT
+    model trains at K=4, the loss falls, the checkpoint is a plain Llama."""
+    env = {'PATH': os.path.dirname(os.path.abspath(os.sys.executable)) + os.pathsep + os.environ['PATH']}
+    proc = run_cli(['bash', 'examples/quickstart_cpu.sh', str(tmp_path), '--max_steps', '10', '--logging_steps', '1',
+                    '--save_steps', '10'], env_extra=env, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert 'PLTLlamaForCausalLM' in proc.stdout and 'patch_size=4' in proc.stdout
+    losses = [d['loss'] for d in hf_train_logs(str(tmp_path / 'out'))]
+    print('swift pt --patch_size 4 losses:', losses)
+    assert len(losses) == 10 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) < sum(losses[:3])
+    (ckpt, ) = [os.path.join(r, 'config.json') for r, _, fs in os.walk(tmp_path / 'out') if 'model.safetensors' in fs]
+    with open(ckpt) as f:
+        config = json.load(f)
+    assert config['architectures'] == ['LlamaForCausalLM'] and 'patch_size' not in config and 'auto_map' not in config
+
+
+def test_swift_pt_k1_is_stock_llama_without_plugin(tiny, tmp_path):
+    plt1 = swift_pt(tiny, tmp_path / 'plt', '--patch_size', '1')
+    stock = swift_pt(tiny, tmp_path / 'stock', model_type='llama', env={'SWIFT_PLT_DISABLE': '1'})
+    assert plt1.returncode == 0 and stock.returncode == 0, (plt1.stdout[-3000:], stock.stdout[-3000:])
+    assert 'PLTLlamaForCausalLM' not in plt1.stdout  # K=1 loads transformers' LlamaForCausalLM itself
+    keys = ('loss', 'grad_norm', 'learning_rate')
+    got = [{k: d[k] for k in keys} for d in hf_train_logs(str(tmp_path / 'plt'))]
+    ref = [{k: d[k] for k in keys} for d in hf_train_logs(str(tmp_path / 'stock'))]
+    assert len(ref) == 3 and got == ref
+
+
+@pytest.mark.parametrize('extra, model_type, message', [
+    (['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
+     '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
+])
+def test_swift_pt_bad_input_fails_before_training(tiny, tmp_path, extra, model_type, message):
+    proc = swift_pt(tiny, tmp_path, *extra, model_type=model_type)
+    assert proc.returncode != 0
+    assert message in proc.stdout, proc.stdout[-3000:]
+    assert not hf_train_logs(str(tmp_path))
