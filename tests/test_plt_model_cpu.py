@@ -177,3 +177,16 @@ def test_k1_plt_model_is_stock_gpt_bit_for_bit(hf_dir, batch):
     (stock, ) = spawn(_mcore_loss, 1, hf_dir, batch, 1, 'gpt', True)
     assert plt1['loss'] == stock['loss']
     assert torch.equal(plt1['emb_grad'], stock['emb_grad'])
+
+
+def test_backend_parity_tied_embeddings(tmp_path, batch):
+    """Llama-3.2-1B/3B tie the output layer to the embedding: HF PLT model == Megatron PLT model (shared
+    embedding/output weight, its gradient the sum of both uses) == brute force, loss and gradient."""
+    tied_dir = make_tiny_llama(str(tmp_path), vocab_size=VOCAB, tie_word_embeddings=True)
+    ref_loss, ref_grad = hf_plt_reference(tied_dir, batch, K)
+    hf_loss, hf_grad = hf_plt_model_loss(tied_dir, batch, K)
+    (mc, ) = spawn(_mcore_loss, 1, tied_dir, batch, K, 'llama3_2_plt', True)
+    print(f'tied PLT loss: hf model {hf_loss!r}, megatron {mc["loss"]!r}, brute force {ref_loss!r}')
+    assert hf_loss == pytest.approx(ref_loss, rel=1e-5) and mc['loss'] == pytest.approx(ref_loss, rel=1e-5)
+    torch.testing.assert_close(hf_grad, ref_grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(mc['emb_grad'], ref_grad, rtol=1e-4, atol=1e-6)
