@@ -1,5 +1,6 @@
-"""The stock `megatron pt` CLI on CPU (tests/harness): PLT trains, K=1 is bit-for-bit ms-swift without the
-plugin, bad input fails before step 1 with the documented message."""
+"""The stock CLIs on CPU (tests/harness): `megatron pt` and `swift pt` (HF backend) train PLT, K=1 is bit-for-bit
+ms-swift without the plugin, bad input fails before step 1 with the documented message; `swift export` HF -> mcore ->
+HF is bit-exact (tied embeddings included)."""
 import json
 import math
 import os
@@ -56,16 +57,19 @@ def test_k1_is_bit_for_bit_ms_swift_without_plugin(tiny, tmp_path):
     assert len(ref) == 3 and got == ref
 
 
-@pytest.mark.parametrize('extra, model_type, message', [
-    (['--patch_size', '4'], 'llama', 'model type `llama` has no patch-level training'),
-    (['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
+@pytest.mark.parametrize('cli, extra, model_type, message', [
+    ('megatron pt', ['--patch_size', '4'], 'llama', 'model type `llama` has no patch-level training'),
+    ('megatron pt', ['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
+     '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
+    ('swift pt', ['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
      '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
 ])
-def test_bad_input_fails_before_step_1(tiny, tmp_path, extra, model_type, message):
-    proc = megatron_pt(tiny, tmp_path, *extra, model_type=model_type)
+def test_bad_input_fails_before_step_1(tiny, tmp_path, cli, extra, model_type, message):
+    run = megatron_pt if cli == 'megatron pt' else swift_pt
+    proc = run(tiny, tmp_path, *extra, model_type=model_type)
     assert proc.returncode != 0
     assert message in proc.stdout, proc.stdout[-3000:]
-    assert not parse_logs(proc.stdout)
+    assert not parse_logs(proc.stdout) and not hf_train_logs(str(tmp_path))
 
 
 def test_tp2_and_pp2_match_one_rank_at_step_1(tiny, tmp_path):
@@ -166,14 +170,3 @@ def test_swift_pt_k1_is_stock_llama_without_plugin(tiny, tmp_path):
     got = [{k: d[k] for k in keys} for d in hf_train_logs(str(tmp_path / 'plt'))]
     ref = [{k: d[k] for k in keys} for d in hf_train_logs(str(tmp_path / 'stock'))]
     assert len(ref) == 3 and got == ref
-
-
-@pytest.mark.parametrize('extra, model_type, message', [
-    (['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
-     '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
-])
-def test_swift_pt_bad_input_fails_before_training(tiny, tmp_path, extra, model_type, message):
-    proc = swift_pt(tiny, tmp_path, *extra, model_type=model_type)
-    assert proc.returncode != 0
-    assert message in proc.stdout, proc.stdout[-3000:]
-    assert not hf_train_logs(str(tmp_path))
