@@ -1,6 +1,8 @@
 """ms-swift ``swift.template.base.Template._encode_truncated``: at K > 1 pad every encoded document (input_ids
 with the pad token, labels -100, loss_scale 0) to a multiple of K, so that no patch straddles two documents in
-padding-free/packed batches and padded batches hold whole patches. Runs before packing, so packed lengths
+padding-free/packed batches and padded batches hold whole patches; and set the labels of its first patch, which
+nothing predicts, to -100, so that every count of `labels != -100` (ms-swift's per-token normalisation on both
+backends, the HF trainer's `num_items_in_batch`) counts exactly the tokens that carry a PLT loss. Runs before packing, so packed lengths
 include the padding. ``--max_length`` is required to be a multiple of K, so padding never exceeds it."""
 import functools
 
@@ -12,6 +14,9 @@ VERIFIED = 'ms-swift 4.6.0'
 
 def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
     from swift_plt.plt import IGNORE_INDEX, pad_to_multiple
+    if encoded.get('labels') is not None:  # the first patch (the model masks it too: swift_plt.plt.mask_first_patch)
+        encoded['labels'] = [IGNORE_INDEX] * min(patch_size, len(encoded['labels'])) + list(
+            encoded['labels'][patch_size:])
     n = pad_to_multiple(len(encoded['input_ids']), patch_size)
     if n:
         encoded['input_ids'] = list(encoded['input_ids']) + [pad_token_id] * n

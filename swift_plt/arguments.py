@@ -9,7 +9,8 @@ PATCH_SIZE_HELP = ('Patch-level training: number of consecutive tokens K pooled 
 
 
 def is_plt_model(args) -> bool:
-    meta = getattr(args, 'megatron_model_meta', None)
+    """Megatron arguments: mcore-bridge's model meta; HF-side arguments (no Megatron meta): ms-swift's."""
+    meta = getattr(args, 'megatron_model_meta', None) or getattr(args, 'model_meta', None)
     return meta is not None and meta.model_type == PLT_MODEL_TYPE
 
 
@@ -58,3 +59,40 @@ def check_plt_supported(args, k: int) -> None:
                             f'or {value - value % k + k})')
     if problems:
         raise ValueError(f'--patch_size {k} cannot be used with: ' + '; '.join(problems) + '.')
+
+
+# HF backend (`swift pt/sft`): options with which ms-swift's HF trainer computes the loss outside the model
+# (swift/trainers/seq2seq_trainer.py: compute_loss pops the labels and applies a token-level shifted CE) or changes
+# the model's forward; the PLT loss must come from the model. (attribute, is it set?, what to do)
+HF_UNSUPPORTED = [
+    ('sequence_parallel_size', lambda v: (v or 1) > 1, '--sequence_parallel_size > 1 (not supported with PLT)'),
+    ('enable_dft_loss', bool, '--enable_dft_loss (a token-level loss computed outside the model; drop it)'),
+    ('enable_channel_loss', bool, '--enable_channel_loss (a token-level loss computed outside the model; drop it)'),
+    ('loss_type', lambda v: v is not None, '--loss_type (PLT computes its own loss in the model; drop it)'),
+    ('label_smoothing_factor', bool, '--label_smoothing_factor (not part of the PLT loss; drop it)'),
+    ('use_liger_kernel', bool, '--use_liger_kernel (replaces the model\'s loss; drop it)'),
+    ('use_logits_to_keep', bool, '--use_logits_to_keep true (trims the labels token by token; drop it)'),
+    ('tuner_backend', lambda v: v == 'unsloth', '--tuner_backend unsloth (loads its own model class)'),
+]
+
+
+def resolve_patch_size_hf(args, command: str) -> int:
+    """HF-side arguments: ``resolve_patch_size`` plus what only the HF backend needs. ``command``: 'train' (swift
+    pt/sft), 'export' (weights do not depend on K: accepted and recorded) or anything else (refused at K > 1)."""
+    k = resolve_patch_size(args)
+    if k == 1 or command == 'export':
+        return k
+    if command != 'train':
+        raise ValueError(f'--patch_size {k}: a patch-level (PLT) model does not generate token by token, so only '
+                         'training (swift pt/sft, megatron pt/sft) and swift export take --patch_size > 1. Use the '
+                         'token-level model here: drop --patch_size (checkpoints are saved as plain Llama).')
+    problems = [msg for name, is_set, msg in HF_UNSUPPORTED if is_set(getattr(args, name, None))]
+    loss_scale = getattr(args, 'loss_scale', None)
+    if loss_scale is not None and not getattr(args, 'is_binary_loss_scale', None):
+        from swift.loss_scale import get_loss_scale
+        if not get_loss_scale(loss_scale).is_binary_loss_scale:
+            problems.append(f'--loss_scale {loss_scale} (non-binary token weights are applied outside the model; '
+                            'use default/all)')
+    if problems:
+        raise ValueError(f'--patch_size {k} cannot be used with: ' + '; '.join(problems) + '.')
+    return k

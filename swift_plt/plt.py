@@ -79,6 +79,12 @@ def patch_attention_mask(attention_mask: torch.Tensor, patch_size: int) -> torch
     return attention_mask[..., ::patch_size, ::patch_size]
 
 
+def patch_padding_mask(attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """HF padding mask [B, S] (1 = real token, right padding) -> [B, P]: a patch is real iff its first token is
+    (documents are padded to a multiple of K, so a patch never starts in padding and ends in real tokens)."""
+    return attention_mask[..., ::patch_size]
+
+
 def patch_cu_seqlens(patch_pos: torch.Tensor) -> torch.Tensor:
     """Cumulative document lengths (in patches) of a packed [1, P] patch-position row: a document starts where the
     patch position is 0. Returns int32 [num_docs + 1], like ``PackedSeqParams.cu_seqlens_q``."""

@@ -6,10 +6,13 @@ def register_swift() -> None:
     from swift.model import ModelGroup, ModelMeta, register_model
     from swift.model.model_arch import ModelArch
     from swift.template import TemplateType
+
+    from .loader import PLTLlamaLoader
     register_model(
         ModelMeta(
             PLT_MODEL_TYPE,
             [ModelGroup([])],  # no hub ids: pass --model <local Llama dir> --model_type llama3_2_plt
+            loader=PLTLlamaLoader,  # PLTLlamaForCausalLM at --patch_size K > 1 (HF backend), else LlamaForCausalLM
             template=TemplateType.llama3_2,
             model_arch=ModelArch.llama,
             architectures=['LlamaForCausalLM'],

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from swift_plt import PLT_MODEL_TYPE
-from swift_plt.arguments import resolve_patch_size
+from swift_plt.arguments import resolve_patch_size, resolve_patch_size_hf
 
 
 def make_args(patch_size=None, model_type=PLT_MODEL_TYPE, hf_patch_size=None, **kw):
@@ -57,3 +57,37 @@ def test_unsupported_combinations_fail_with_what_to_change(kw, message):
         resolve_patch_size(make_args(patch_size=4, **kw))
     # ... and none of them matter at K=1
     assert resolve_patch_size(make_args(patch_size=1, **kw)) == 1
+
+
+def make_hf_args(**kw):
+    """HF-side arguments (ms-swift BaseArguments): model_meta instead of megatron_model_meta."""
+    args = make_args(**kw)
+    args.model_meta, args.megatron_model_meta = args.megatron_model_meta, None
+    return args
+
+
+@pytest.mark.parametrize('kw, message', [
+    (dict(sequence_parallel_size=2), r'--sequence_parallel_size > 1'),
+    (dict(enable_dft_loss=True), r'--enable_dft_loss'),
+    (dict(enable_channel_loss=True), r'--enable_channel_loss'),
+    (dict(loss_type='chunked'), r'--loss_type'),
+    (dict(label_smoothing_factor=0.1), r'--label_smoothing_factor'),
+    (dict(use_liger_kernel=True), r'--use_liger_kernel'),
+    (dict(use_logits_to_keep=True), r'--use_logits_to_keep true'),
+    (dict(tuner_backend='unsloth'), r'--tuner_backend unsloth'),
+    (dict(max_length=250), r'--max_length 250 is not a multiple'),
+])
+def test_hf_trainer_options_that_bypass_the_model_loss_are_refused(kw, message):
+    with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: .*' + message):
+        resolve_patch_size_hf(make_hf_args(patch_size=4, **kw), 'train')
+    assert resolve_patch_size_hf(make_hf_args(patch_size=1, **kw), 'train') == 1
+    assert resolve_patch_size_hf(make_hf_args(model_type='llama', **kw), 'train') == 1
+
+
+def test_hf_commands():
+    assert resolve_patch_size_hf(make_hf_args(patch_size=4), 'train') == 4
+    assert resolve_patch_size_hf(make_hf_args(hf_patch_size=4), 'train') == 4  # config.json default, as Megatron
+    assert resolve_patch_size_hf(make_hf_args(patch_size=4, use_logits_to_keep=True), 'export') == 4
+    with pytest.raises(ValueError, match=r'--patch_size 4: .* does not generate token by token.*drop --patch_size'):
+        resolve_patch_size_hf(make_hf_args(patch_size=4), 'other')
+    assert resolve_patch_size_hf(make_hf_args(), 'other') == 1

@@ -1,15 +1,20 @@
-"""The stock `megatron pt` CLI on CPU (tests/harness): PLT trains, K=1 is bit-for-bit ms-swift without the
-plugin, bad input fails before step 1 with the documented message."""
+"""The stock CLIs on CPU (tests/harness): `megatron pt` and `swift pt` (HF backend) train PLT, K=1 is bit-for-bit
+ms-swift without the plugin, bad input fails before step 1 with the documented message; `swift export` HF -> mcore ->
+HF is bit-exact (tied embeddings included)."""
+import json
 import math
 import os
+import re
 
 import pytest
+import torch
 
-from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
+from harness.cli import CPU_MEGATRON_ARGS, hf_train_logs, parse_logs, run_cli
 from harness.tiny import make_jsonl, make_tiny_llama
 
 pytestmark = pytest.mark.slow
-CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+CUSTOM_MODEL = os.path.join(REPO, 'custom_model', 'llama.py')
 
 
 @pytest.fixture(scope='module')
@@ -52,16 +57,19 @@ def test_k1_is_bit_for_bit_ms_swift_without_plugin(tiny, tmp_path):
     assert len(ref) == 3 and got == ref
 
 
-@pytest.mark.parametrize('extra, model_type, message', [
-    (['--patch_size', '4'], 'llama', 'model type `llama` has no patch-level training'),
-    (['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
+@pytest.mark.parametrize('cli, extra, model_type, message', [
+    ('megatron pt', ['--patch_size', '4'], 'llama', 'model type `llama` has no patch-level training'),
+    ('megatron pt', ['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
+     '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
+    ('swift pt', ['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
      '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
 ])
-def test_bad_input_fails_before_step_1(tiny, tmp_path, extra, model_type, message):
-    proc = megatron_pt(tiny, tmp_path, *extra, model_type=model_type)
+def test_bad_input_fails_before_step_1(tiny, tmp_path, cli, extra, model_type, message):
+    run = megatron_pt if cli == 'megatron pt' else swift_pt
+    proc = run(tiny, tmp_path, *extra, model_type=model_type)
     assert proc.returncode != 0
     assert message in proc.stdout, proc.stdout[-3000:]
-    assert not parse_logs(proc.stdout)
+    assert not parse_logs(proc.stdout) and not hf_train_logs(str(tmp_path))
 
 
 def test_tp2_and_pp2_match_one_rank_at_step_1(tiny, tmp_path):
@@ -81,12 +89,84 @@ def test_tp2_and_pp2_match_one_rank_at_step_1(tiny, tmp_path):
         assert len(got) == 2 and got[0] == pytest.approx(ref[0], rel=2e-2), (name, got, ref)
 
 
-def test_swift_export_to_mcore_accepts_plt_model_type(tiny, tmp_path):
-    """`swift export --to_mcore` as typed, with --patch_size: weights convert and the precision test passes."""
-    model, _ = tiny
+# Fields of config.json that the HF -> mcore -> HF round trip may change (none seen with transformers 5.19; listed so
+# that a new one fails the test instead of passing silently).
+ROUND_TRIP_CONFIG_FIELDS = ('transformers_version', )
+
+
+@pytest.mark.parametrize('tied', [False, True], ids=['untied', 'tied'])
+def test_swift_export_round_trip_hf_mcore_hf_is_bit_exact(tmp_path, tied):
+    """`swift export --to_mcore` (as typed, with --patch_size, ms-swift's --test_convert_precision) then
+    `--to_hf`: every tensor of the safetensors and the config come back bit for bit, tied embeddings (Llama-3.2
+    1B/3B: no lm_head.weight) included. bf16 checkpoint: ms-swift converts in fp16/bf16 only.
+    The `--to_hf` step runs without --test_convert_precision: that check builds an HF Llama after mcore-bridge has
+    replaced transformers' default RoPE function in the process and fails for any Llama (upstream, mcore-bridge
+    1.6.5 + transformers 5.x; see README); bit-identical weights make it moot here."""
+    from safetensors.torch import load_file
+    model = make_tiny_llama(str(tmp_path / 'hf'), tie_word_embeddings=tied, dtype='bfloat16')
     proc = run_cli(['swift', 'export', '--model', model, '--model_type', 'llama3_2_plt', '--custom_register_path',
                     CUSTOM_MODEL, '--patch_size', '4', '--to_mcore', 'true', '--test_convert_precision', 'true',
                     '--torch_dtype', 'bfloat16', '--output_dir', str(tmp_path / 'mcore')],
                    timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
-    assert os.path.isdir(tmp_path / 'mcore')
+    # ms-swift's precision check prints; its criterion: "mean_diff (with loss) is less than 0.1"
+    mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e+-]+)', proc.stdout).group(1))
+    print(f'test_convert_precision: mean_diff (with loss) {mean_diff}')
+    assert mean_diff < 0.1 and 'token_diff (with loss): 0' in proc.stdout
+    proc = run_cli(['swift', 'export', '--mcore_model', str(tmp_path / 'mcore'), '--to_hf', 'true', '--torch_dtype',
+                    'bfloat16', '--output_dir', str(tmp_path / 'back')],
+                   timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    orig, back = (load_file(str(tmp_path / d / 'model.safetensors')) for d in ('hf', 'back'))
+    assert sorted(back) == sorted(orig) and ('lm_head.weight' in orig) != tied
+    for name, tensor in orig.items():  # exact values; bf16 -> fp32 is exact, so comparing in fp32 loses nothing
+        assert torch.equal(back[name].float(), tensor.float()), name
+        # CPU harness only: megatron's local (non-TE) spec keeps RMSNorm weights in fp32 (TE's follow params_dtype)
+        assert back[name].dtype == tensor.dtype or (name.endswith('norm.weight') and back[name].dtype == torch.float32)
+    configs = []
+    for d in ('hf', 'back'):
+        with open(tmp_path / d / 'config.json') as f:
+            configs.append({k: v for k, v in json.load(f).items() if k not in ROUND_TRIP_CONFIG_FIELDS})
+    assert configs[1] == configs[0]
+    assert configs[1]['architectures'] == ['LlamaForCausalLM'] and 'patch_size' not in configs[1]
+
+
+# ------------------------------------------------------------------------------------ swift pt (ms-swift HF backend)
+def swift_pt(tiny, out_dir, *extra, model_type='llama3_2_plt', env=None):
+    model, data = tiny
+    return run_cli(['swift', 'pt', '--model', model, '--model_type', model_type, '--template', 'llama',
+                    '--custom_register_path', CUSTOM_MODEL, '--dataset', data, '--max_length', '64',
+                    '--tuner_type', 'full', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false',
+                    '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
+                    '--logging_steps', '1', '--save_strategy', 'no', '--seed', '7', '--split_dataset_ratio', '0',
+                    '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
+                    '--output_dir', str(out_dir), *extra], env_extra=env, timeout=900)
+
+
+def test_readme_cpu_quickstart_swift_pt_patch_size_4_trains(tmp_path):
+    """The README's "CPU, no GPU" quickstart as typed (examples/quickstart_cpu.sh), 10 of its 40 steps: the HF PLT
+    model trains at K=4, the loss falls, the checkpoint is a plain Llama."""
+    env = {'PATH': os.path.dirname(os.path.abspath(os.sys.executable)) + os.pathsep + os.environ['PATH']}
+    proc = run_cli(['bash', 'examples/quickstart_cpu.sh', str(tmp_path), '--max_steps', '10', '--logging_steps', '1',
+                    '--save_steps', '10'], env_extra=env, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert 'PLTLlamaForCausalLM' in proc.stdout and 'patch_size=4' in proc.stdout
+    losses = [d['loss'] for d in hf_train_logs(str(tmp_path / 'out'))]
+    print('swift pt --patch_size 4 losses:', losses)
+    assert len(losses) == 10 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) < sum(losses[:3])
+    (ckpt, ) = [os.path.join(r, 'config.json') for r, _, fs in os.walk(tmp_path / 'out') if 'model.safetensors' in fs]
+    with open(ckpt) as f:
+        config = json.load(f)
+    assert config['architectures'] == ['LlamaForCausalLM'] and 'patch_size' not in config and 'auto_map' not in config
+
+
+def test_swift_pt_k1_is_stock_llama_without_plugin(tiny, tmp_path):
+    plt1 = swift_pt(tiny, tmp_path / 'plt', '--patch_size', '1')
+    stock = swift_pt(tiny, tmp_path / 'stock', model_type='llama', env={'SWIFT_PLT_DISABLE': '1'})
+    assert plt1.returncode == 0 and stock.returncode == 0, (plt1.stdout[-3000:], stock.stdout[-3000:])
+    assert 'PLTLlamaForCausalLM' not in plt1.stdout  # K=1 loads transformers' LlamaForCausalLM itself
+    keys = ('loss', 'grad_norm', 'learning_rate')
+    got = [{k: d[k] for k in keys} for d in hf_train_logs(str(tmp_path / 'plt'))]
+    ref = [{k: d[k] for k in keys} for d in hf_train_logs(str(tmp_path / 'stock'))]
+    assert len(ref) == 3 and got == ref

@@ -96,7 +96,8 @@ def test_template_pads_each_document_to_k(template, k):
             ref = template.encode(row, return_length=True)
             template.plt_patch_size = k
             m = len(ref['input_ids'])
-            assert n - m < k and got['input_ids'][:m] == ref['input_ids'] and got['labels'][:m] == ref['labels']
+            assert n - m < k and got['input_ids'][:m] == ref['input_ids']
+            assert got['labels'][:k] == [-100] * k and got['labels'][k:m] == ref['labels'][k:]  # first patch masked
             assert got['input_ids'][m:] == [template.tokenizer.pad_token_id] * (n - m)
             assert got['labels'][m:] == [-100] * (n - m)
     finally:
@@ -125,3 +126,56 @@ def test_custom_model_imports_without_transformer_engine():
     out = _python(code)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-2:] == ['llama3_2_plt', 'False']
+
+
+def test_hf_base_arguments_patch(tmp_path, monkeypatch):
+    """patches/swift_arguments_base_args.py through the real ms-swift argument classes: one extra field on the
+    common base, K resolved and handed to the llama3_2_plt loader for training only (export/other: K=1), other
+    model types call upstream's loader unchanged, K>1 refused for commands that generate."""
+    from dataclasses import fields
+
+    import swift.arguments.base_args.base_args as base_module
+    from swift.arguments import BaseArguments, ExportArguments, InferArguments, PretrainArguments, SftArguments
+
+    from harness.tiny import make_jsonl
+    from swift_plt.register import register_swift
+    register_swift()
+    upstream = BaseArguments.__mro__[1]
+    assert BaseArguments._swift_plt and all(issubclass(c, BaseArguments) for c in (PretrainArguments, ExportArguments))
+    assert {f.name for f in fields(BaseArguments)} - {f.name for f in fields(upstream)} == {'patch_size'}
+    calls = []
+    monkeypatch.setattr(base_module, 'get_model_processor', lambda **kw: calls.append(kw))
+    model_dir = make_tiny_llama(str(tmp_path / 'm'))
+    data = make_jsonl(str(tmp_path / 'd.jsonl'), rows=4)
+    train = dict(model=model_dir, template='llama', dataset=[data], max_length=64, tuner_type='full', report_to=['none'],
+                 output_dir=str(tmp_path / 'o'), torch_dtype='float32')
+    cases = [(PretrainArguments, dict(train, model_type='llama3_2_plt', patch_size=4), 4, 4),
+             (SftArguments, dict(train, model_type='llama3_2_plt'), 1, 1),
+             (PretrainArguments, dict(train, model_type='llama'), 1, None),
+             (ExportArguments, dict(model=model_dir, template='llama', model_type='llama3_2_plt', patch_size=4), 4, 1)]
+    for cls, kw, k, loader_k in cases:
+        args = cls(**kw)
+        args.get_model_processor()
+        assert args.patch_size == k and calls[-1].get('patch_size') == loader_k, (cls, kw)
+    upstream_kwargs = dict(calls[2])  # model type llama: the kwargs upstream's get_model_processor passes
+    monkeypatch.setattr(PretrainArguments, 'get_model_processor', upstream.get_model_processor)
+    PretrainArguments(**dict(train, model_type='llama')).get_model_processor()
+    assert calls[-1] == upstream_kwargs
+    with pytest.raises(ValueError, match='does not generate token by token'):
+        InferArguments(model=model_dir, template='llama', model_type='llama3_2_plt', patch_size=4)
+    with pytest.raises(ValueError, match=r'model type `llama` has no patch-level training'):
+        PretrainArguments(**dict(train, model_type='llama', patch_size=4))
+
+
+def test_hf_loader_builds_plt_model_at_k_gt_1_only(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    from swift_plt.register import register_swift
+    register_swift()
+    from swift.model import get_model_processor
+    model_dir = make_tiny_llama(str(tmp_path))
+    for k, cls in ((4, PLTLlamaForCausalLM), (1, LlamaForCausalLM), (None, LlamaForCausalLM)):
+        model, _ = get_model_processor(model_dir, model_type='llama3_2_plt', patch_size=k, torch_dtype=torch.float32,
+                                       download_model=False)
+        assert type(model) is cls and getattr(model.config, 'patch_size', 1) == (k or 1)

@@ -122,11 +122,43 @@ def reference(hf_dir, batch):
     return hf_plt_reference(hf_dir, batch, K)
 
 
-def test_plt_loss_and_grad_match_hf_reference(hf_dir, batch, reference):
-    ref_loss, ref_grad = reference
+@pytest.fixture(scope='module')
+def mcore_plt(hf_dir, batch):
     (out, ) = spawn(_mcore_loss, 1, hf_dir, batch, K, 'llama3_2_plt', True)
-    assert out['loss'] == pytest.approx(ref_loss, rel=1e-5)
-    torch.testing.assert_close(out['emb_grad'], ref_grad, rtol=1e-4, atol=1e-6)
+    return out
+
+
+def test_plt_loss_and_grad_match_hf_reference(mcore_plt, reference):
+    ref_loss, ref_grad = reference
+    assert mcore_plt['loss'] == pytest.approx(ref_loss, rel=1e-5)
+    torch.testing.assert_close(mcore_plt['emb_grad'], ref_grad, rtol=1e-4, atol=1e-6)
+
+
+def hf_plt_model_loss(hf_dir, batch, k):
+    """The HF-side model (swift_plt.modeling_llama) as ms-swift's HF trainer calls it on a padded batch: token ids,
+    2-D padding mask, token-aligned labels (no position_ids: the collator gives none)."""
+    from transformers import AutoConfig
+
+    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    config = AutoConfig.from_pretrained(hf_dir)
+    config.patch_size = k
+    model = PLTLlamaForCausalLM.from_pretrained(hf_dir, config=config, dtype=torch.float32)
+    padding = (batch['input_ids'] != 3).long()  # 1 = real token (pad id 3 only in the padding here)
+    loss = model(input_ids=batch['input_ids'], attention_mask=padding, labels=batch['labels']).loss
+    loss.backward()
+    return float(loss), model.model.embed_tokens.weight.grad.clone()
+
+
+def test_backend_parity_hf_model_megatron_and_patchtrain_formula(hf_dir, batch, reference, mcore_plt):
+    """Same weights, same batch (fp32): HF-side PLT model == Megatron PLT model == brute-force PatchTrain formula,
+    loss and input-embedding gradient."""
+    ref_loss, ref_grad = reference
+    hf_loss, hf_grad = hf_plt_model_loss(hf_dir, batch, K)
+    print(f'PLT loss: hf model {hf_loss!r}, megatron {mcore_plt["loss"]!r}, brute force {ref_loss!r}')
+    assert hf_loss == pytest.approx(ref_loss, rel=1e-5)
+    assert hf_loss == pytest.approx(mcore_plt['loss'], rel=1e-5)
+    torch.testing.assert_close(hf_grad, ref_grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(hf_grad, mcore_plt['emb_grad'], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize('tp, pp', [(2, 1), (1, 2)])
@@ -145,3 +177,16 @@ def test_k1_plt_model_is_stock_gpt_bit_for_bit(hf_dir, batch):
     (stock, ) = spawn(_mcore_loss, 1, hf_dir, batch, 1, 'gpt', True)
     assert plt1['loss'] == stock['loss']
     assert torch.equal(plt1['emb_grad'], stock['emb_grad'])
+
+
+def test_backend_parity_tied_embeddings(tmp_path, batch):
+    """Llama-3.2-1B/3B tie the output layer to the embedding: HF PLT model == Megatron PLT model (shared
+    embedding/output weight, its gradient the sum of both uses) == brute force, loss and gradient."""
+    tied_dir = make_tiny_llama(str(tmp_path), vocab_size=VOCAB, tie_word_embeddings=True)
+    ref_loss, ref_grad = hf_plt_reference(tied_dir, batch, K)
+    hf_loss, hf_grad = hf_plt_model_loss(tied_dir, batch, K)
+    (mc, ) = spawn(_mcore_loss, 1, tied_dir, batch, K, 'llama3_2_plt', True)
+    print(f'tied PLT loss: hf model {hf_loss!r}, megatron {mc["loss"]!r}, brute force {ref_loss!r}')
+    assert hf_loss == pytest.approx(ref_loss, rel=1e-5) and mc['loss'] == pytest.approx(ref_loss, rel=1e-5)
+    torch.testing.assert_close(hf_grad, ref_grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(mc['emb_grad'], ref_grad, rtol=1e-4, atol=1e-6)

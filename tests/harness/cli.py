@@ -1,5 +1,7 @@
 """Run the stock ms-swift CLI (``megatron pt``, ``swift export``, ...) on CPU in a subprocess."""
 import ast
+import glob
+import json
 import os
 import subprocess
 import sys
@@ -100,3 +102,14 @@ def parse_logs(output: str) -> List[dict]:
 def parse_losses(output: str) -> List[float]:
     """Per-step training losses, i.e. ``'loss'`` of each training log dict (run with ``--logging_steps 1``)."""
     return [float(d['loss']) for d in parse_logs(output) if 'loss' in d]
+
+
+def hf_train_logs(output_dir: str) -> List[dict]:
+    """Training log dicts of a `swift pt/sft` (HF backend) run: its ``logging.jsonl`` (full precision, unlike the
+    printed dicts), without the final summary line."""
+    paths = sorted(glob.glob(os.path.join(output_dir, '*', 'logging.jsonl')))
+    if not paths:
+        return []
+    with open(paths[-1]) as f:
+        logs = [json.loads(line) for line in f if line.strip()]
+    return [d for d in logs if 'loss' in d]

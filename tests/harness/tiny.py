@@ -104,8 +104,12 @@ def make_tiny_llama(out_dir: str,
                     tie_word_embeddings: bool = False,
                     seed: int = 0,
                     max_position_embeddings: int = 512,
-                    initializer_range: float = 0.05) -> str:
-    """Write a random-init ``LlamaForCausalLM`` (fp32 safetensors) and its tokenizer to ``out_dir``; return it.
+                    initializer_range: float = 0.05,
+                    dtype: str = 'float32') -> str:
+    """Write a random-init ``LlamaForCausalLM`` (``dtype`` safetensors, fp32 by default) and its tokenizer to
+    ``out_dir``; return it. ``tie_word_embeddings=True`` writes no ``lm_head.weight`` (as Llama-3.2-1B/3B);
+    ``dtype='bfloat16'`` as Llama-3.2 ships (ms-swift converts an fp32 checkpoint to fp16/bf16 Megatron weights, so
+    only a bf16 checkpoint round-trips HF -> mcore -> HF bit for bit).
 
     The tokenizer is a byte-level BPE (any text encodes) with ``<unk> <s> </s> <pad>`` = ids 0..3 and at most
     ``vocab_size`` tokens. ``initializer_range`` is larger than Llama's 0.02 so that logits are far from zero and
@@ -142,9 +146,11 @@ def make_tiny_llama(out_dir: str,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype='float32')
+        torch_dtype=dtype)
     with _fork_rng(seed), hf_rope_guard():
         model = LlamaForCausalLM(config).float()
+    import torch
+    model = model.to(getattr(torch, dtype))
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 

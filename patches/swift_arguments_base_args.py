@@ -1,0 +1,55 @@
+"""ms-swift ``swift.arguments.base_args.base_args.BaseArguments``: ``--patch_size`` for every HF-side command.
+
+BaseArguments is the common base of the HF-side argument classes (SftArguments/PretrainArguments of `swift pt/sft`,
+ExportArguments, InferArguments, ...) and of MegatronBaseArguments. The patch runs right after the module executes,
+before the modules that subclass it, and swaps in a dataclass subclass with one extra field and three hooks:
+  * ``__post_init__``: on the HF side, resolve and check K (swift_plt.arguments.resolve_patch_size_hf) before the
+    model loads; Megatron arguments are left to their own patch (resolved in ``_init_distributed``);
+  * ``get_model_processor``: hand K to the loader of ``llama3_2_plt`` (swift_plt.register.PLTLlamaLoader), which
+    builds ``PLTLlamaForCausalLM`` at that K for training and at K=1 otherwise (export: the weights do not depend
+    on K; ms-swift's precision check compares token-level logits). Other model types: upstream call unchanged.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ._guard import check_once, guard, has_field, swap_class
+
+TARGET = 'swift.arguments.base_args.base_args'
+VERIFIED = 'ms-swift 4.6.0'
+
+
+def _command(args) -> str:
+    """'megatron', 'train' (HF trainer arguments), 'export' or 'other' (infer, deploy, eval, sampling, ...)."""
+    if any(c.__module__.startswith('swift.megatron.') for c in type(args).__mro__):
+        return 'megatron'
+    from transformers import TrainingArguments
+    if isinstance(args, TrainingArguments):
+        return 'train'
+    return 'export' if hasattr(args, 'to_mcore') else 'other'
+
+
+def apply(module):
+    check_once()
+    upstream = module.BaseArguments
+    if has_field(upstream, 'patch_size', VERIFIED):
+        return
+    guard(upstream, '__post_init__', ['self'], VERIFIED)
+    guard(upstream, 'get_model_processor', ['self', 'model', 'model_type'], VERIFIED)
+    from swift_plt.arguments import PATCH_SIZE_HELP, is_plt_model, resolve_patch_size_hf
+
+    @dataclass
+    class BaseArguments(upstream):
+        patch_size: Optional[int] = field(default=None, metadata={'help': PATCH_SIZE_HELP})
+
+        def __post_init__(self):
+            super().__post_init__()
+            command = _command(self)
+            if command != 'megatron':
+                resolve_patch_size_hf(self, command)
+
+        def get_model_processor(self, **kwargs):
+            if is_plt_model(self) and 'patch_size' not in kwargs:
+                kwargs['patch_size'] = self.patch_size if _command(self) == 'train' else 1
+            return super().get_model_processor(**kwargs)
+
+    swap_class(module, upstream, BaseArguments)
