@@ -103,7 +103,7 @@ def main():
     ap.add_argument('--patch-size', type=int, default=4)
     ap.add_argument('--B', type=int, default=2)
     ap.add_argument('--S', type=int, default=256)
-    ap.add_argument('--port', type=int, default=29741)
+    ap.add_argument('--port', type=int, default=29753)  # not two_stage.sh's 29741: the two may share a machine
     ap.add_argument('--json', default=None)
     ap.add_argument('--backend', default='nccl', help='torch.distributed backend (gloo: CPU dry run via the harness)')
     ap.add_argument('--mg-kwargs', default=None, help='JSON dict of extra MegatronArguments fields (CPU dry run)')

@@ -35,7 +35,13 @@ hf_pt() { # hf_pt NAME extra-args...
     --save_steps 40 --split_dataset_ratio 0 --dataset_num_proc 4 --report_to none --output_dir "$W/$name" "$@" \
     >"$OUT/hf_$name.log" 2>&1
   local rc=$?
-  say "-- swift pt $name (rc=$rc): losses $(python3 -c "import json,glob,sys; f=glob.glob('$W/$name/*/logging.jsonl'); print([round(json.loads(l)['loss'],3) for l in open(f[0]) if '\"loss\"' in l] if f else 'none')")"
+  say "-- swift pt $name (rc=$rc): losses $(python3 - "$W/$name" <<'PY' 2>&1
+import glob, json, sys
+f = glob.glob(sys.argv[1] + '/*/logging.jsonl')
+rows = [json.loads(l) for l in open(f[0])] if f else []
+print([round(float(r['loss']), 3) for r in rows if 'loss' in r] if f else 'none (no logging.jsonl)')
+PY
+)"
   say "   PLTLlamaForCausalLM in the log: $(grep -c PLTLlamaForCausalLM "$OUT/hf_$name.log") lines"
   cp "$W/$name"/*/checkpoint-40/config.json "$OUT/hf_${name}_config.json" 2>/dev/null
 }
