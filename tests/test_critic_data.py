@@ -45,7 +45,7 @@ def test_reward_row_returns_on_labelled_tokens(template):
 def test_token_id_response_with_add_eos_false_is_exactly_the_response(template):
     ids = [300, 301, 302, 303]
     e = critic(template, clipped=True).encode(
-        chat(ids, add_eos=False, returns=[1.0, 2.0, 3.0, 4.0], old_values=[0.5, 0.5, 0.5, 0.5]))
+        chat({'token_ids': ids}, add_eos=False, returns=[1.0, 2.0, 3.0, 4.0], old_values=[0.5, 0.5, 0.5, 0.5]))
     assert e['input_ids'][-4:] == ids and e['labels'][-4:] == ids and set(e['labels'][:-4]) == {IGN}
     assert e['returns'][-4:] == [1.0, 2.0, 3.0, 4.0] and set(e['returns'][:-4]) == {0.0}
     assert e['old_values'][-4:] == [0.5] * 4
@@ -53,9 +53,9 @@ def test_token_id_response_with_add_eos_false_is_exactly_the_response(template):
 
 @pytest.mark.parametrize('row, clipped, message', [
     (chat('the red door'), False, 'neither "returns"'),
-    (chat([300, 301, 302], add_eos=False, returns=[1.0, 2.0]), False, '"returns" has 2 values but the response has 3'),
-    (chat([300, 301, 302], add_eos=False, reward=1.0), True, 'needs "old_values"'),
-    (chat([300, 301, 302], add_eos=False, reward=1.0, old_values=[0.0] * 4), True, '"old_values" has 4 values'),
+    (chat({'token_ids': [300, 301, 302]}, add_eos=False, returns=[1.0, 2.0]), False, '"returns" has 2 values but the response has 3'),
+    (chat({'token_ids': [300, 301, 302]}, add_eos=False, reward=1.0), True, 'needs "old_values"'),
+    (chat({'token_ids': [300, 301, 302]}, add_eos=False, reward=1.0, old_values=[0.0] * 4), True, '"old_values" has 4 values'),
 ])
 def test_bad_rows_fail_at_encode(template, row, clipped, message):
     from swift_plt.critic.data import CriticDataError
@@ -67,7 +67,7 @@ def test_bad_rows_fail_at_encode(template, row, clipped, message):
 def test_collated_returns_follow_labels(template, padding_free):
     tpl = critic(template, clipped=True)
     tpl.padding_free = padding_free
-    rows = [chat('the red door', reward=1.5), chat([300, 301], add_eos=False, returns=[2.0, 3.0])]
+    rows = [chat('the red door', reward=1.5), chat({'token_ids': [300, 301]}, add_eos=False, returns=[2.0, 3.0])]
     n1 = sum(y != IGN for y in critic(template).encode(rows[0])['labels'])  # response length of the text row
     encoded = [tpl.encode(dict(rows[0], old_values=[0.25] * n1), return_length=True),
                tpl.encode(dict(rows[1], old_values=[0.5, 0.5]), return_length=True)]

@@ -207,3 +207,9 @@ def test_engine_response_to_values_matches_verl_slice():
     out[:, :-1] = full
     assert torch.equal(out[:, -R - 1:-1], resp)
     assert math.isclose(float(full[:, :S - 1 - R].abs().sum()), 0.0)
+
+
+def test_explained_variance_is_nan_without_return_variance():
+    v, _, _, m = rand_case(1)
+    assert math.isnan(float(loss.explained_variance(v, torch.full_like(v, 1.0), m)))
+    assert math.isnan(float(loss.explained_variance(v, torch.zeros_like(v), m)))

@@ -3,15 +3,16 @@
 Row format (jsonl; ms-swift's usual ``messages`` plus one of the target fields):
 
     {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "reward": 1.0}
-    {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": [19, 17, 2]}],
+    {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": {"token_ids": [19, 17, 2]}}],
      "add_eos": false, "returns": [0.9, 0.95, 1.0], "old_values": [0.7, 0.8, 0.6]}
 
 * The **response** is what ms-swift trains on: the tokens whose label is not -100 after the template has encoded
   the row (the assistant turn(s), including end-of-turn/EOS tokens the template appends).
 * ``"reward": r`` (a number): the return of every response token is r.
 * ``"returns": [R_1, ..., R_n]``: one return per response token, in order; n must equal the number of response
-  tokens. To control the tokens exactly (RL rollouts), give the assistant content as token ids and
-  ``"add_eos": false`` (ms-swift then appends nothing after them), so n = len(content).
+  tokens. To control the tokens exactly (RL rollouts), give the assistant content as token ids,
+  ``{"token_ids": [...]}``, and ``"add_eos": false`` (ms-swift then appends nothing after them), so n = the number
+  of ids. (A bare list of ints works in ``template.encode`` but not through ms-swift's jsonl loader.)
 * ``"old_values": [...]`` (only with ``--value_clip_range``, and then required): the critic's values of the
   response tokens when the rollout was made, same length as the response; used by the PPO clipped value loss.
 
@@ -51,9 +52,9 @@ def _floats(name: str, value, n: int, where: str) -> List[float]:
         raise CriticDataError(
             f'critic data: "{name}" has {len(value)} values but the response has {n} tokens in the {where}. The '
             'response is what ms-swift trains on (labels != -100 after the template, including the end-of-turn/EOS '
-            'tokens it appends). Give one value per response token: e.g. the assistant content as token ids with '
-            '"add_eos": false, so that the response is exactly those ids; or use "reward" (one number for every '
-            'response token).')
+            'tokens it appends). Give one value per response token: e.g. the assistant content as token ids, '
+            '{"token_ids": [...]}, with "add_eos": false, so that the response is exactly those ids; or use "reward" '
+            '(one number for every response token).')
     out = [float(x) for x in value]
     if not all(math.isfinite(x) for x in out):
         raise CriticDataError(f'critic data: "{name}" contains NaN/inf in the {where}.')

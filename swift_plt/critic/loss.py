@@ -81,7 +81,7 @@ def clip_fraction(values, returns, mask, old_values, clip_range) -> torch.Tensor
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """1 - Var[R - v] / Var[R] over the mask (population variances; the n/(n-1) factor cancels). NaN when the
-    returns have no variance (e.g. one constant reward), as in verl/SB3."""
+    returns have no variance (e.g. one constant reward: nothing to explain)."""
     return explained_variance_from_sums(value_stats(values, returns, mask))
 
 
@@ -107,7 +107,9 @@ def explained_variance_from_sums(s: Dict[str, torch.Tensor]) -> torch.Tensor:
     n = s['n'].clamp(min=1)
     var_r = s['r2'] / n - (s['r'] / n)**2
     var_d = s['d2'] / n - (s['d'] / n)**2
-    return 1 - var_d / var_r
+    # Var[R] from sums: below ~1e-6 of E[R^2] it is rounding noise, not variance
+    no_variance = var_r <= 1e-6 * (s['r2'] / n)
+    return torch.where(no_variance, torch.full_like(var_r, float('nan')), 1 - var_d / var_r)
 
 
 def value_metrics(values, returns, mask, old_values=None, clip_range=None) -> Dict[str, float]:
