@@ -35,6 +35,21 @@ def register_mcore() -> bool:
     return True
 
 
+def ignore_token_labels(model) -> None:
+    """ms-swift hands the HF model ``labels`` = token ids (e.g. ``swift export --test_convert_precision``);
+    transformers' token-classification loss would treat them as class indices of the one-label head (IndexError).
+    Token ids are no value targets: the HF critic drops ``labels`` (the value loss lives in swift_plt.critic)."""
+    import functools
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def forward_without_labels(*args, **kwargs):
+        kwargs.pop('labels', None)
+        return forward(*args, **kwargs)
+
+    model.forward = forward_without_labels
+
+
 def register_critic_swift() -> None:
     """HF side of ``llama3_2_critic``: transformers' LlamaForTokenClassification(num_labels=1), from a critic dir or
     a causal LM dir (``swift export``, ms-swift's HF model loading)."""
@@ -54,6 +69,11 @@ def register_critic_swift() -> None:
 
         def get_config(self, model_dir):
             return critic_hf_config(super().get_config(model_dir))
+
+        def get_model(self, model_dir, config, processor, model_kwargs):
+            model = super().get_model(model_dir, config, processor, model_kwargs)
+            ignore_token_labels(model)
+            return model
 
     register_model(
         ModelMeta(

@@ -113,13 +113,24 @@ def read_safetensors_shapes(model_dir: str) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
+# What makes an HF Llama config our critic format (transformers builds LlamaForTokenClassification with one label
+# and a bias-free ``score``); config keys of other frameworks' critics that the conversion folds into the weights.
+CRITIC_CONFIG = {'architectures': [HF_ARCHITECTURE], 'tie_word_embeddings': False, 'token_classification_bias': False}
+FOLDED_CONFIG_KEYS = ('normalize_reward', 'mean', 'std')
+
+
 def critic_hf_config(hf_config):
-    """A copy of an HF config object that saves (and loads in transformers) as our critic format:
-    LlamaForTokenClassification, one label, untied embeddings, bias-free ``score``."""
+    """A copy of an HF config object in our critic format (CRITIC_CONFIG, ``num_labels=1``)."""
     import copy
     hf_config = copy.deepcopy(hf_config)
-    hf_config.architectures = [HF_ARCHITECTURE]
+    for key, value in CRITIC_CONFIG.items():
+        setattr(hf_config, key, copy.copy(value))
     hf_config.num_labels = 1
-    hf_config.tie_word_embeddings = False
-    hf_config.token_classification_bias = False
     return hf_config
+
+
+def critic_hf_config_dict(config: dict) -> dict:
+    """The same for a config.json dict (``num_labels`` is saved as ``id2label`` / ``label2id``)."""
+    config = {k: v for k, v in config.items() if k not in FOLDED_CONFIG_KEYS + ('num_labels', )}
+    config.update(CRITIC_CONFIG, id2label={'0': 'LABEL_0'}, label2id={'LABEL_0': 0})
+    return config
