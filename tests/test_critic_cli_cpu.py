@@ -1,107 +1,63 @@
-"""Critic training through the stock `megatron sft` CLI on CPU (tests/harness): the value loss falls on a learnable
-target, the clipped loss runs on per-token returns + old values, bad input fails before step 1 with its message."""
+"""The stock `swift export` CLI with the critic on CPU (tests/harness): HF LlamaForTokenClassification critic dir
+--to_mcore (ms-swift's --test_convert_precision passes) and the mcore checkpoint --to_hf back: the value head goes
+through the distributed checkpoint, the export is bit-identical and plain transformers loads it."""
 import json
-import math
 import os
-import random
+import re
 
 import pytest
+import torch
 
-from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
-from harness.tiny import make_tiny_llama
+from harness.cli import run_cli
+from harness.tiny import make_tiny_critic, make_tiny_llama
 
 pytestmark = pytest.mark.slow
 CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
-WORDS = 'the red door opened slowly while seven apples fell from a basket of bread near the quiet field'.split()
 
 
-def write_rows(path, rows=64, kind='reward', seed=0):
-    """kind='reward': chat rows with a scalar reward that depends on the prompt's first word (0.5 or 1.5, so
-    returns vary and explained variance is defined); kind='returns': token-id responses ("add_eos": false) with
-    per-token returns and old values (the {"token_ids": [...]} content form, which ms-swift's dataset loader
-    accepts; a bare list of ints it does not)."""
-    rng = random.Random(seed)
-    with open(path, 'w') as f:
-        for _ in range(rows):
-            good = rng.random() < 0.5
-            prompt = ('good ' if good else 'poor ') + ' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))
-            if kind == 'reward':
-                response = ' '.join(rng.choice(WORDS) for _ in range(rng.randint(2, 10)))
-                row = {'reward': 1.5 if good else 0.5}
-            else:
-                n = rng.randint(2, 8)
-                response = {'token_ids': [rng.randrange(20, 400) for _ in range(n)]}
-                row = {'add_eos': False, 'returns': [round(0.9**(n - 1 - i), 4) for i in range(n)],
-                       'old_values': [round(rng.uniform(-0.2, 0.2), 4) for _ in range(n)]}
-            row['messages'] = [{'role': 'user', 'content': prompt}, {'role': 'assistant', 'content': response}]
-            f.write(json.dumps(row) + '\n')
-    return str(path)
+def _bf16_copy(src, dst):
+    """The critic in bf16 (the dtype of the export), so that the round trip can be compared bit for bit."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    sd = {k: v.to(torch.bfloat16) for k, v in load_file(os.path.join(src, 'model.safetensors')).items()}
+    save_file(sd, os.path.join(dst, 'model.safetensors'), metadata={'format': 'pt'})
+    with open(os.path.join(dst, 'config.json')) as f:
+        config = json.load(f)
+    config['dtype'] = 'bfloat16'
+    with open(os.path.join(dst, 'config.json'), 'w') as f:
+        json.dump(config, f)
+    return dst
 
 
-@pytest.fixture(scope='module')
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp('critic_cli')
-    return make_tiny_llama(str(root / 'model')), root
-
-
-def critic_sft(model, data, out_dir, *extra, iters=10, nproc=1, lr='5e-3'):
-    argv = ['megatron', 'sft', '--model', model, '--model_type', 'llama3_2_critic', '--template', 'chatml',
-            '--custom_register_path', CUSTOM_MODEL, '--dataset', data, '--max_length', '128', '--train_iters',
-            str(iters), '--micro_batch_size', '4', '--global_batch_size', '8', '--lr', lr, '--lr_warmup_iters',
-            '0', '--lr_decay_style', 'constant', '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16',
-            'false', '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
-            '--save_safetensors', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
-            '--output_dir', str(out_dir), *CPU_MEGATRON_ARGS, *extra]
-    return run_cli(argv, nproc=nproc, timeout=900)
-
-
-def test_value_loss_falls_on_scalar_rewards(tiny, tmp_path):
-    model, root = tiny
-    proc = critic_sft(model, write_rows(root / 'reward.jsonl'), tmp_path)
+def _export(*args):
+    proc = run_cli(['swift', 'export', '--model_type', 'llama3_2_critic', '--custom_register_path', CUSTOM_MODEL,
+                    '--torch_dtype', 'bfloat16', *args], timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
-    logs = parse_logs(proc.stdout)
-    assert len(logs) == 10, proc.stdout[-3000:]
-    losses = [d['value_loss'] for d in logs]
-    print('value_loss', losses, 'explained_variance', [d['explained_variance'] for d in logs],
-          'value_mean', [d['value_mean'] for d in logs])
-    assert all(d['loss'] == d['value_loss'] for d in logs)
-    # the value head starts at zero (causal-LM checkpoint): step 1 is 0.5 * mean(R^2) over response tokens
-    assert logs[0]['value_mean'] == 0.0 and 0.3 < losses[0] < 0.8
-    # batches differ (rewards 0.5 / 1.5), so compare the first two steps with the last three
-    assert sum(losses[-3:]) / 3 < 0.5 * sum(losses[:2]) / 2
-    assert logs[-1]['value_mean'] > 0.6
-    assert all(math.isfinite(d['explained_variance']) for d in logs)
-    assert all(0.4 < d['returns_mean'] < 1.6 for d in logs)
+    return proc.stdout
 
 
-def test_clipped_value_loss_on_per_token_returns(tiny, tmp_path):
-    model, root = tiny
-    proc = critic_sft(model, write_rows(root / 'returns.jsonl', kind='returns'), tmp_path, '--value_clip_range',
-                      '0.2', iters=3)
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    logs = parse_logs(proc.stdout)
-    assert len(logs) == 3 and all(math.isfinite(d['value_loss']) for d in logs), proc.stdout[-3000:]
-    assert all(0.0 <= d['value_clipfrac'] <= 1.0 for d in logs)
+def test_swift_export_critic_to_mcore_and_back_to_hf(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForTokenClassification
 
-
-# Every data error is tested at the template (tests/test_critic_data.py); here one data error and one argument error
-# show that they reach the CLI user before step 1 (each CLI run costs ~20 s on CPU).
-@pytest.mark.parametrize('kind, extra, message', [
-    ('misaligned', [], '"returns" has 3 values but the response has'),
-    ('reward', ['--patch_size', '4'], 'model type `llama3_2_critic` has no patch-level training'),
-])
-def test_bad_input_fails_before_step_1(tiny, tmp_path, kind, extra, message):
-    model, root = tiny
-    if kind == 'misaligned':
-        data = tmp_path / f'{kind}.jsonl'
-        row = {'messages': [{'role': 'user', 'content': 'good day'}, {'role': 'assistant', 'content': 'the red door'}],
-               'returns': [1.0, 1.0, 1.0]}
-        with open(data, 'w') as f:
-            for _ in range(8):
-                f.write(json.dumps(row) + '\n')
-    else:
-        data = write_rows(root / f'{kind}.jsonl', kind=kind)
-    proc = critic_sft(model, str(data), tmp_path, *extra, iters=2)
-    assert proc.returncode != 0
-    assert message in proc.stdout, proc.stdout[-3000:]
-    assert not parse_logs(proc.stdout)
+    lm = make_tiny_llama(str(tmp_path / 'lm'))
+    critic = _bf16_copy(make_tiny_critic(str(tmp_path / 'critic32'), lm), str(tmp_path / 'critic'))
+    out = _export('--model', critic, '--to_mcore', 'true', '--test_convert_precision', 'true', '--output_dir',
+                  str(tmp_path / 'mcore'))
+    mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e-]+)', out).group(1))
+    assert mean_diff < 1e-2, mean_diff  # per-token values, HF LlamaForTokenClassification vs mcore (bf16)
+    assert 'no value head' not in out  # a critic: the head is loaded, not initialised
+    # --to_hf from the distributed checkpoint alone (the HF dir is only used for config/tokenizer): a head that
+    # was missing from the checkpoint would come back as zeros, not as the original weights.
+    _export('--mcore_model', str(tmp_path / 'mcore'), '--to_hf', 'true', '--output_dir', str(tmp_path / 'hf'))
+    ref, got = load_file(os.path.join(critic, 'model.safetensors')), load_file(str(tmp_path / 'hf' /
+                                                                                  'model.safetensors'))
+    assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
+    assert got['score.weight'].abs().sum() > 0
+    config = json.load(open(tmp_path / 'hf' / 'config.json'))
+    assert config['architectures'] == ['LlamaForTokenClassification'] and config['id2label'] == {'0': 'LABEL_0'}
+    assert config['token_classification_bias'] is False and config['tie_word_embeddings'] is False
+    model, info = AutoModelForTokenClassification.from_pretrained(str(tmp_path / 'hf'), output_loading_info=True)
+    assert type(model).__name__ == 'LlamaForTokenClassification' and not any(info.values()), info

@@ -1,0 +1,164 @@
+"""The ``llama3_2_critic`` mcore-bridge model for real on CPU (tests/harness): per-token values against plain
+transformers ``LlamaForTokenClassification(num_labels=1)`` on the same weights (fp32), at 1 rank, TP=2 and PP=2
+(head only on the last stage, replicated under TP); initialisation from a causal LM (head zeroed with a warning) and
+from a critic (head loaded bit-exact); bad checkpoints refused before any weight is loaded."""
+import os
+
+import pytest
+import torch
+
+from harness.dist import spawn
+from harness.tiny import make_tiny_critic, make_tiny_llama
+
+B, S, VOCAB = 2, 12, 512
+
+
+def _critic_run(hf_dir, input_ids, fill_head=None):
+    """In each spawned rank: build the critic (weights not yet loaded), optionally fill the head with a sentinel,
+    load ``hf_dir`` through the critic bridge, run the batch; report what this rank owns and saw."""
+    from megatron.core import parallel_state as ps
+
+    from harness.model import build_mcore_model, mcore_logits
+    from swift_plt.critic import model as critic_model
+    from swift_plt.register import register_critic_mcore
+    assert register_critic_mcore()
+    tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+    models = build_mcore_model(hf_dir, mcore_model_type='llama3_2_critic', tp=tp, pp=pp, load_weights=False)
+    model = models[0]
+    if fill_head is not None and model.post_process:
+        model.value_head.weight.data.fill_(fill_head)
+    warnings = []
+    orig_warning = critic_model.logger.warning
+    critic_model.logger.warning = lambda msg, *a, **k: (warnings.append(str(msg)), orig_warning(msg, *a, **k))
+    try:
+        model.config.bridge.load_weights(models, hf_dir)
+    except ValueError as e:
+        return {'error': str(e), 'loaded_any': bool(model.decoder.layers[0].mlp.linear_fc2.weight.abs().sum())}
+    finally:
+        critic_model.logger.warning = orig_warning
+    out = mcore_logits(models, input_ids)
+    head = model.value_head
+    return {
+        'out': out,
+        'values': None if out is None else critic_model.values(out),
+        'post_process': model.post_process,
+        'head': None if head is None else head.weight.detach().clone(),
+        'has_output_layer': hasattr(model, 'output_layer'),
+        'warnings': warnings,
+        'task_type': model.config.task_type,
+        'untied': not model.share_embeddings_and_output_weights,
+    }
+
+
+def _hf_values(critic_dir, input_ids):
+    from transformers import AutoModelForTokenClassification
+    model = AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32)
+    model.eval()
+    assert type(model).__name__ == 'LlamaForTokenClassification' and model.score.bias is None
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits, model.score.weight.detach().clone()
+
+
+@pytest.fixture(scope='module')
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp('critic')
+    lm = make_tiny_llama(str(root / 'lm'), vocab_size=VOCAB)
+    return lm, make_tiny_critic(str(root / 'critic'), lm)
+
+
+@pytest.fixture(scope='module')
+def input_ids():
+    return torch.randint(4, VOCAB, (B, S), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope='module')
+def hf_reference(dirs, input_ids):
+    return _hf_values(dirs[1], input_ids)
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize('world, tp, pp', [(1, 1, 1), (2, 2, 1), (2, 1, 2)])
+def test_values_match_hf_token_classification(dirs, input_ids, hf_reference, world, tp, pp):
+    ref_out, ref_head = hf_reference
+    results = spawn(_critic_run, world, dirs[1], input_ids, 7.0, tp=tp, pp=pp)
+    for r in results:
+        assert r['task_type'] == 'seq_cls' and r['untied']
+        if r['post_process']:  # the head: loaded bit-exact (the sentinel 7.0 is gone), never re-initialised
+            assert r['head'].shape == (1, 64) and torch.equal(r['head'], ref_head)
+            assert r['out'].shape == (B, S, 1) and r['values'].shape == (B, S - 1)
+            assert _rel(r['out'], ref_out) <= 1e-5, _rel(r['out'], ref_out)
+            assert torch.equal(r['values'], r['out'][:, :-1, 0])
+            assert not r['warnings']
+        else:  # PP: only the last stage owns a head
+            assert r['head'] is None and r['out'] is None and not r['has_output_layer']
+    owners = [r for r in results if r['post_process']]
+    assert len(owners) == (tp if pp == 1 else 1)  # TP: replicated on every rank of the last stage
+
+
+def test_init_from_causal_lm_zeroes_head_with_warning_and_refuses_bad_checkpoints(dirs, input_ids, tmp_path):
+    lm, critic = dirs
+    bad = _bad_checkpoints(lm, critic, tmp_path)
+    results = spawn(_causal_and_bad, 1, lm, input_ids, bad)[0]
+    r = results['lm']
+    assert torch.equal(r['head'], torch.zeros(1, 64))  # the 7.0 sentinel was replaced by the documented zeros
+    assert torch.equal(r['out'], torch.zeros(B, S, 1))
+    assert len(r['warnings']) == 1 and 'no value head (score.weight)' in r['warnings'][0]
+    assert 'initialised the value head with zeros' in r['warnings'][0]
+    for name, message in BAD_MESSAGES.items():
+        err = results[name]
+        assert 'error' in err and message in err['error'], (name, err)
+        assert not err['loaded_any'], name  # refused before any weight was loaded
+
+
+def _causal_and_bad(lm, input_ids, bad):
+    out = {'lm': _critic_run(lm, input_ids, 7.0)}
+    for name, path in bad.items():
+        out[name] = _critic_run_zeroed(path, input_ids)
+    return out
+
+
+def _critic_run_zeroed(path, input_ids):
+    """Like _critic_run, with every weight zeroed first so that 'loaded_any' tells whether loading began."""
+    from megatron.core import parallel_state as ps
+
+    from harness.model import build_mcore_model
+    models = build_mcore_model(path, mcore_model_type='llama3_2_critic', tp=ps.get_tensor_model_parallel_world_size(),
+                               pp=ps.get_pipeline_model_parallel_world_size(), load_weights=False)
+    for p in models[0].parameters():
+        p.data.zero_()
+    try:
+        models[0].config.bridge.load_weights(models, path)
+    except ValueError as e:
+        return {'error': str(e), 'loaded_any': any(bool(p.abs().sum()) for p in models[0].parameters())}
+    return {'loaded_any': True}
+
+
+BAD_MESSAGES = {
+    'head_2xH': 'score.weight [2, 64] (a value head is [1, hidden_size] = [1, 64]',
+    'extra_key': 'unexpected keys: v_head.summary.weight',
+    'missing_key': 'missing keys: model.layers.1.mlp.up_proj.weight',
+    'verl_head': 'lm_head.weight [1, 64]',
+}
+
+
+def _bad_checkpoints(lm, critic, root):
+    from safetensors.torch import load_file, save_file
+    sd = load_file(os.path.join(critic, 'model.safetensors'))
+    variants = {
+        'head_2xH': {**sd, 'score.weight': torch.randn(2, 64)},
+        'extra_key': {**sd, 'v_head.summary.weight': torch.randn(1, 64)},
+        'missing_key': {k: v for k, v in sd.items() if k != 'model.layers.1.mlp.up_proj.weight'},
+        'verl_head': {**{k: v for k, v in sd.items() if k != 'score.weight'}, 'lm_head.weight': torch.randn(1, 64)},
+    }
+    out = {}
+    for name, tensors in variants.items():
+        d = root / name
+        d.mkdir()
+        save_file(tensors, str(d / 'model.safetensors'))
+        for f in ('config.json', 'tokenizer.json', 'tokenizer_config.json'):
+            (d / f).write_bytes((open(os.path.join(critic, f), 'rb')).read())
+        out[name] = str(d)
+    return out
