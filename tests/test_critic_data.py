@@ -51,11 +51,15 @@ def test_token_id_response_with_add_eos_false_is_exactly_the_response(template):
     assert e['old_values'][-4:] == [0.5] * 4
 
 
+IDS3 = {'token_ids': [300, 301, 302]}
+
+
 @pytest.mark.parametrize('row, clipped, message', [
     (chat('the red door'), False, 'neither "returns"'),
-    (chat({'token_ids': [300, 301, 302]}, add_eos=False, returns=[1.0, 2.0]), False, '"returns" has 2 values but the response has 3'),
-    (chat({'token_ids': [300, 301, 302]}, add_eos=False, reward=1.0), True, 'needs "old_values"'),
-    (chat({'token_ids': [300, 301, 302]}, add_eos=False, reward=1.0, old_values=[0.0] * 4), True, '"old_values" has 4 values'),
+    (chat(IDS3, add_eos=False, returns=[1.0, 2.0]), False, '"returns" has 2 values but the response has 3'),
+    (chat(IDS3, add_eos=False, reward=1.0), True, 'needs "old_values"'),
+    (chat(IDS3, add_eos=False, reward=1.0, old_values=[0.0] * 4), True, '"old_values" has 4 values'),
+    (chat(IDS3, add_eos=False, reward=1.0, old_values=[0.0] * 3), False, 'only the PPO clipped value loss uses'),
 ])
 def test_bad_rows_fail_at_encode(template, row, clipped, message):
     from swift_plt.critic.data import CriticDataError

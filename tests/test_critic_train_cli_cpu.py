@@ -3,39 +3,15 @@ target, the clipped loss runs on per-token returns + old values, bad input fails
 import json
 import math
 import os
-import random
 
 import pytest
 
 from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
+from harness.critic_rows import write_critic_jsonl
 from harness.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.slow
 CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
-WORDS = 'the red door opened slowly while seven apples fell from a basket of bread near the quiet field'.split()
-
-
-def write_rows(path, rows=64, kind='reward', seed=0):
-    """kind='reward': chat rows with a scalar reward that depends on the prompt's first word (0.5 or 1.5, so
-    returns vary and explained variance is defined); kind='returns': token-id responses ("add_eos": false) with
-    per-token returns and old values (the {"token_ids": [...]} content form, which ms-swift's dataset loader
-    accepts; a bare list of ints it does not)."""
-    rng = random.Random(seed)
-    with open(path, 'w') as f:
-        for _ in range(rows):
-            good = rng.random() < 0.5
-            prompt = ('good ' if good else 'poor ') + ' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))
-            if kind == 'reward':
-                response = ' '.join(rng.choice(WORDS) for _ in range(rng.randint(2, 10)))
-                row = {'reward': 1.5 if good else 0.5}
-            else:
-                n = rng.randint(2, 8)
-                response = {'token_ids': [rng.randrange(20, 400) for _ in range(n)]}
-                row = {'add_eos': False, 'returns': [round(0.9**(n - 1 - i), 4) for i in range(n)],
-                       'old_values': [round(rng.uniform(-0.2, 0.2), 4) for _ in range(n)]}
-            row['messages'] = [{'role': 'user', 'content': prompt}, {'role': 'assistant', 'content': response}]
-            f.write(json.dumps(row) + '\n')
-    return str(path)
 
 
 @pytest.fixture(scope='module')
@@ -46,18 +22,19 @@ def tiny(tmp_path_factory):
 
 def critic_sft(model, data, out_dir, *extra, iters=10, nproc=1, lr='5e-3'):
     argv = ['megatron', 'sft', '--model', model, '--model_type', 'llama3_2_critic', '--template', 'chatml',
-            '--custom_register_path', CUSTOM_MODEL, '--dataset', data, '--max_length', '128', '--train_iters',
-            str(iters), '--micro_batch_size', '4', '--global_batch_size', '8', '--lr', lr, '--lr_warmup_iters',
-            '0', '--lr_decay_style', 'constant', '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16',
-            'false', '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
-            '--save_safetensors', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
-            '--output_dir', str(out_dir), *CPU_MEGATRON_ARGS, *extra]
+            '--custom_register_path', CUSTOM_MODEL, '--dataset', data, '--max_length', '128',
+            '--train_iters', str(iters), '--micro_batch_size', '4', '--global_batch_size', '8',
+            '--lr', lr, '--lr_warmup_iters', '0', '--lr_decay_style', 'constant', '--logging_steps', '1',
+            '--seed', '7', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false',
+            '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true', '--save_safetensors', 'false',
+            '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--output_dir', str(out_dir),
+            *CPU_MEGATRON_ARGS, *extra]  # yapf: disable
     return run_cli(argv, nproc=nproc, timeout=900)
 
 
 def test_value_loss_falls_on_scalar_rewards(tiny, tmp_path):
     model, root = tiny
-    proc = critic_sft(model, write_rows(root / 'reward.jsonl'), tmp_path)
+    proc = critic_sft(model, write_critic_jsonl(root / 'reward.jsonl'), tmp_path)
     assert proc.returncode == 0, proc.stdout[-5000:]
     logs = parse_logs(proc.stdout)
     assert len(logs) == 10, proc.stdout[-3000:]
@@ -76,8 +53,8 @@ def test_value_loss_falls_on_scalar_rewards(tiny, tmp_path):
 
 def test_clipped_value_loss_on_per_token_returns(tiny, tmp_path):
     model, root = tiny
-    proc = critic_sft(model, write_rows(root / 'returns.jsonl', kind='returns'), tmp_path, '--value_clip_range',
-                      '0.2', iters=3)
+    data = write_critic_jsonl(root / 'returns.jsonl', kind='returns')
+    proc = critic_sft(model, data, tmp_path, '--value_clip_range', '0.2', iters=3)
     assert proc.returncode == 0, proc.stdout[-5000:]
     logs = parse_logs(proc.stdout)
     assert len(logs) == 3 and all(math.isfinite(d['value_loss']) for d in logs), proc.stdout[-3000:]
@@ -100,7 +77,7 @@ def test_bad_input_fails_before_step_1(tiny, tmp_path, kind, extra, message):
             for _ in range(8):
                 f.write(json.dumps(row) + '\n')
     else:
-        data = write_rows(root / f'{kind}.jsonl', kind=kind)
+        data = write_critic_jsonl(root / f'{kind}.jsonl', kind=kind)
     proc = critic_sft(model, str(data), tmp_path, *extra, iters=2)
     assert proc.returncode != 0
     assert message in proc.stdout, proc.stdout[-3000:]
