@@ -131,6 +131,8 @@ class MegatronCritic:
         ``forward_only``; else ``loss``, the sums of ``loss.STAT_KEYS`` and the loss function's metrics); elsewhere
         an empty list."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from .model import values as values_of  # [B, S, 1] -> [B, S-1]
         self._check_batch(batch, forward_only)
         micro_batches = self._micro_batches(batch)
         device = next(self.models[0].parameters()).device
@@ -147,7 +149,7 @@ class MegatronCritic:
                 attention_mask=padded_attention_mask(mb['attention_mask']))
 
             def loss_func(output_tensor):
-                values = output_tensor[:, :-1].squeeze(-1).float()  # [b, S-1], value-aligned
+                values = values_of(output_tensor).float()  # [b, S-1], value-aligned
                 if forward_only:
                     return values.sum() * 0, {'values': values.detach()}
                 loss, metrics = self.loss_fn(values, mb)
