@@ -162,3 +162,20 @@ def _bad_checkpoints(lm, critic, root):
             (d / f).write_bytes((open(os.path.join(critic, f), 'rb')).read())
         out[name] = str(d)
     return out
+
+
+def _load_patch_bindings():
+    import swift.megatron.convert as convert
+    import swift.megatron.trainers.base as trainer_base
+    import swift.megatron.utils as utils
+    from swift.megatron.utils import megatron_lm_utils
+    patched = megatron_lm_utils.load_mcore_checkpoint
+    return (getattr(patched, '_swift_plt', False), patched.__wrapped__.__module__, utils.load_mcore_checkpoint is patched,
+            trainer_base.load_mcore_checkpoint is patched, convert.load_mcore_checkpoint is patched)
+
+
+def test_load_patch_is_what_ms_swift_calls():
+    """The critic's mcore-checkpoint load patch is the function the trainer and `swift export` call (the wrapped
+    original is upstream's; other models pass straight through to it, see test_critic_cli_cpu)."""
+    (out, ) = spawn(_load_patch_bindings, 1)
+    assert out == (True, 'swift.megatron.utils.megatron_lm_utils', True, True, True)

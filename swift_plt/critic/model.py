@@ -93,11 +93,29 @@ class CriticGPTModel(GPTModel):
     """mcore-bridge GPTModel whose post_process ``output_layer`` is the ``[1, H]`` value head (see module doc)."""
     config: CriticModelConfig
 
+    is_critic = True
+
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
+        # True while loading a causal-LM mcore checkpoint (patches/swift_megatron_utils_megatron_lm_utils.py): the
+        # head is then left out of the sharded state dict and initialised instead.
+        self.checkpoint_without_head = False
         if self.post_process:
             assert tuple(self.output_layer.weight.shape) == (1, config.hidden_size), self.output_layer.weight.shape
             init_value_head(self.output_layer.weight)
+
+    def sharded_state_dict(self, prefix='', sharded_offsets=(), metadata=None):
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        key = f'{prefix}output_layer.weight'
+        if key in sharded:
+            if self.checkpoint_without_head:
+                del sharded[key]
+            else:
+                # megatron's LanguageModule allows a shape mismatch here (vocabulary padding of an LM head); for the
+                # [1, H] head a mismatch means a wrong checkpoint (e.g. an LM head [V, H]): let dist-checkpointing
+                # refuse it instead of loading part of it.
+                sharded[key].allow_shape_mismatch = False
+        return sharded
 
     @property
     def value_head(self):
