@@ -98,25 +98,64 @@ def test_values_match_hf_token_classification(dirs, input_ids, hf_reference, wor
     assert len(owners) == (tp if pp == 1 else 1)  # TP: replicated on every rank of the last stage
 
 
-def test_init_from_causal_lm_zeroes_head_with_warning_and_refuses_bad_checkpoints(dirs, input_ids, tmp_path):
+def _trunk_values(lm_dir, head, input_ids):
+    """Brute force: the causal LM's final hidden states (plain transformers) times the head."""
+    from transformers import LlamaModel
+    trunk = LlamaModel.from_pretrained(lm_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return trunk(input_ids=input_ids).last_hidden_state @ head.T
+
+
+@pytest.fixture(scope='module')
+def tied_lm(tmp_path_factory):
+    return make_tiny_llama(str(tmp_path_factory.mktemp('tied')), vocab_size=VOCAB, tie_word_embeddings=True)
+
+
+def test_init_from_causal_lm_zeroes_head_with_warning_and_refuses_bad_checkpoints(dirs, tied_lm, input_ids, tmp_path):
     lm, critic = dirs
+    head = torch.randn(1, 64, generator=torch.Generator().manual_seed(5))
     bad = _bad_checkpoints(lm, critic, tmp_path)
-    results = spawn(_causal_and_bad, 1, lm, input_ids, bad)[0]
-    r = results['lm']
-    assert torch.equal(r['head'], torch.zeros(1, 64))  # the 7.0 sentinel was replaced by the documented zeros
-    assert torch.equal(r['out'], torch.zeros(B, S, 1))
-    assert len(r['warnings']) == 1 and 'no value head (score.weight)' in r['warnings'][0]
-    assert 'initialised the value head with zeros' in r['warnings'][0]
+    results = spawn(_causal_and_bad, 1, {'untied': lm, 'tied': tied_lm}, input_ids, head, bad)[0]
+    for name, lm_dir in (('untied', lm), ('tied', tied_lm)):
+        r = results[name]
+        assert torch.equal(r['head'], torch.zeros(1, 64))  # the 7.0 sentinel was replaced by the documented zeros
+        assert torch.equal(r['out'], torch.zeros(B, S, 1))
+        assert len(r['warnings']) == 1 and 'no value head (score.weight)' in r['warnings'][0]
+        assert 'initialised the value head with zeros' in r['warnings'][0]
+        ref = _trunk_values(lm_dir, head, input_ids)  # the trunk was loaded: with a head set, values = hidden @ head
+        assert _rel(r['out_with_head'], ref) <= 1e-5, (name, _rel(r['out_with_head'], ref))
     for name, message in BAD_MESSAGES.items():
         err = results[name]
         assert 'error' in err and message in err['error'], (name, err)
         assert not err['loaded_any'], name  # refused before any weight was loaded
+    for name, message in UNSUPPORTED.items():
+        assert message in results[name], (name, results[name])
 
 
-def _causal_and_bad(lm, input_ids, bad):
-    out = {'lm': _critic_run(lm, input_ids, 7.0)}
+UNSUPPORTED = {
+    'context_parallel_size': 'llama3_2_critic does not support: context_parallel_size > 1 (use TP/PP/DP)',
+    'mtp_num_layers': 'llama3_2_critic does not support: mtp_num_layers',
+    'num_labels': 'llama3_2_critic does not support: num_labels=2 (a critic has one value per token)',
+}
+
+
+def _causal_and_bad(lms, input_ids, head, bad):
+    from harness.model import build_mcore_model, mcore_logits
+    out = {}
+    for name, lm in lms.items():
+        out[name] = _critic_run(lm, input_ids, 7.0)
+        models = build_mcore_model(lm, mcore_model_type='llama3_2_critic')
+        models[0].value_head.weight.data.copy_(head)
+        out[name]['out_with_head'] = mcore_logits(models, input_ids)
     for name, path in bad.items():
         out[name] = _critic_run_zeroed(path, input_ids)
+    for key, value in (('context_parallel_size', 2), ('mtp_num_layers', 1), ('num_labels', 2)):
+        try:
+            build_mcore_model(lms['untied'], mcore_model_type='llama3_2_critic', extra_config={key: value},
+                              load_weights=False)
+            out[key] = 'built'
+        except ValueError as e:
+            out[key] = str(e)
     return out
 
 
