@@ -46,7 +46,7 @@ from mcore_bridge.bridge import GPTBridge
 from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
-from mcore_bridge.utils import get_logger
+from mcore_bridge.utils import get_logger, unwrap_model
 
 from . import CRITIC_MODEL_TYPE
 from .keys import HEAD_KEY, check_critic_keys, critic_hf_config, read_safetensors_shapes
@@ -137,11 +137,9 @@ class CriticBridge(GPTBridge):
                 read_safetensors_shapes(hf_model_dir), self.config.hf_config, source=f'HF checkpoint {hf_model_dir}')
         result = super().load_weights(mg_models, hf_model_dir, peft_format, *args, **kwargs)
         if head == 'missing':
-            for model in mg_models if isinstance(mg_models, (list, tuple)) else [mg_models]:
-                model = getattr(model, 'module', model)
-                while hasattr(model, 'module'):
-                    model = model.module
-                if getattr(model, 'post_process', False):
+            models = unwrap_model(mg_models)
+            for model in models if isinstance(models, list) else [models]:
+                if model.post_process:
                     init_value_head(model.output_layer.weight)
             logger.warning(f'[swift-plt] {CRITIC_MODEL_TYPE}: {hf_model_dir} has no value head ({HEAD_KEY}): '
                            f'initialised the value head with {HEAD_INIT} (a causal LM: its lm_head is dropped).')
