@@ -13,9 +13,10 @@ from harness.tiny import make_tiny_critic, make_tiny_llama
 B, S, VOCAB = 2, 12, 512
 
 
-def _critic_run(hf_dir, input_ids, fill_head=None):
+def _critic_run(hf_dir, input_ids, fill_head=None, grad_weights=None):
     """In each spawned rank: build the critic (weights not yet loaded), optionally fill the head with a sentinel,
-    load ``hf_dir`` through the critic bridge, run the batch; report what this rank owns and saw."""
+    load ``hf_dir`` through the critic bridge, run the batch; report what this rank owns and saw. Without pipeline
+    parallel and with ``grad_weights`` [B, S], also the gradients of sum(values * grad_weights)."""
     from megatron.core import parallel_state as ps
 
     from harness.model import build_mcore_model, mcore_logits
@@ -38,7 +39,14 @@ def _critic_run(hf_dir, input_ids, fill_head=None):
         critic_model.logger.warning = orig_warning
     out = mcore_logits(models, input_ids)
     head = model.value_head
+    grads = None
+    if grad_weights is not None and pp == 1:
+        position_ids = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
+        values = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None)
+        (values[..., 0].float() * grad_weights).sum().backward()
+        grads = {'head': head.weight.grad.clone(), 'final_norm': model.decoder.final_layernorm.weight.grad.clone()}
     return {
+        'grads': grads,
         'out': out,
         'values': None if out is None else critic_model.values(out),
         'post_process': model.post_process,
@@ -50,13 +58,16 @@ def _critic_run(hf_dir, input_ids, fill_head=None):
     }
 
 
-def _hf_values(critic_dir, input_ids):
+def _hf_values(critic_dir, input_ids, grad_weights):
+    """transformers' LlamaForTokenClassification: values, its head, and the gradients of sum(values * weights)."""
     from transformers import AutoModelForTokenClassification
     model = AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32)
     model.eval()
     assert type(model).__name__ == 'LlamaForTokenClassification' and model.score.bias is None
-    with torch.no_grad():
-        return model(input_ids=input_ids).logits, model.score.weight.detach().clone()
+    logits = model(input_ids=input_ids).logits
+    (logits[..., 0] * grad_weights).sum().backward()
+    grads = {'head': model.score.weight.grad.clone(), 'final_norm': model.model.norm.weight.grad.clone()}
+    return logits.detach(), model.score.weight.detach().clone(), grads
 
 
 @pytest.fixture(scope='module')
@@ -72,8 +83,13 @@ def input_ids():
 
 
 @pytest.fixture(scope='module')
-def hf_reference(dirs, input_ids):
-    return _hf_values(dirs[1], input_ids)
+def grad_weights():
+    return torch.randn(B, S, generator=torch.Generator().manual_seed(4))
+
+
+@pytest.fixture(scope='module')
+def hf_reference(dirs, input_ids, grad_weights):
+    return _hf_values(dirs[1], input_ids, grad_weights)
 
 
 def _rel(a, b):
@@ -81,9 +97,9 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize('world, tp, pp', [(1, 1, 1), (2, 2, 1), (2, 1, 2)])
-def test_values_match_hf_token_classification(dirs, input_ids, hf_reference, world, tp, pp):
-    ref_out, ref_head = hf_reference
-    results = spawn(_critic_run, world, dirs[1], input_ids, 7.0, tp=tp, pp=pp)
+def test_values_match_hf_token_classification(dirs, input_ids, grad_weights, hf_reference, world, tp, pp):
+    ref_out, ref_head, ref_grads = hf_reference
+    results = spawn(_critic_run, world, dirs[1], input_ids, 7.0, grad_weights, tp=tp, pp=pp)
     for r in results:
         assert r['task_type'] == 'seq_cls' and r['untied']
         if r['post_process']:  # the head: loaded bit-exact (the sentinel 7.0 is gone), never re-initialised
@@ -92,6 +108,9 @@ def test_values_match_hf_token_classification(dirs, input_ids, hf_reference, wor
             assert _rel(r['out'], ref_out) <= 1e-5, _rel(r['out'], ref_out)
             assert torch.equal(r['values'], r['out'][:, :-1, 0])
             assert not r['warnings']
+            if pp == 1:  # TP: every rank sees every token, so the replicated head's gradient is the full one
+                for name, ref in ref_grads.items():
+                    assert _rel(r['grads'][name], ref) <= 1e-5, (name, _rel(r['grads'][name], ref))
         else:  # PP: only the last stage owns a head
             assert r['head'] is None and r['out'] is None and not r['has_output_layer']
     owners = [r for r in results if r['post_process']]
