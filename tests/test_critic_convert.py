@@ -162,3 +162,14 @@ def test_patch_level_training_is_refused_for_the_critic():
     with pytest.raises(ValueError, match=f'model type `{CRITIC_MODEL_TYPE}` has no patch-level training'):
         check_patch_size(4, CRITIC_MODEL_TYPE, False)
     check_patch_size(1, CRITIC_MODEL_TYPE, False)
+
+
+def test_classify_mcore_checkpoint_head():
+    from swift_plt.critic.keys import classify_mcore_checkpoint
+    assert classify_mcore_checkpoint((1, H), H, 'ckpt') == 'critic'
+    assert classify_mcore_checkpoint((VOCAB, H), H, 'ckpt') == 'causal_lm'
+    assert classify_mcore_checkpoint(None, H, 'ckpt') == 'causal_lm'  # tied embeddings: no output_layer
+    for shape in ((1, 32), (2, 32), (H, )):
+        with pytest.raises(ValueError, match=rf'ckpt has output_layer.weight \[.*\]; a critic head is \[1, '
+                           rf'hidden_size\] = \[1, {H}\]'):
+            classify_mcore_checkpoint(shape, H, 'ckpt')

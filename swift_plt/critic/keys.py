@@ -12,6 +12,10 @@ Our HF format is transformers' ``LlamaForTokenClassification`` with ``num_labels
   * ignored: ``*.rotary_emb.inv_freq`` (a buffer older transformers saved; recomputed from the config);
   * anything else (e.g. ``score.bias``, a foreign head, a layer beyond ``num_hidden_layers``): ValueError listing
     the keys and naming the converter for the known critic formats.
+
+``classify_mcore_checkpoint`` does the same for an mcore distributed checkpoint from its metadata (the head's global
+shape): a critic ([1, H], loaded), a causal LM (no head or [V, H], head initialised) or an error. Missing trunk keys
+there are refused by megatron's dist-checkpointing itself (strict load); it does not check unexpected ones.
 """
 from typing import Dict, Iterable, List, Sequence, Tuple
 
@@ -111,6 +115,23 @@ def read_safetensors_shapes(model_dir: str) -> Dict[str, Tuple[int, ...]]:
             for key in f.keys():
                 shapes[key] = tuple(f.get_slice(key).get_shape())
     return shapes
+
+
+def mcore_checkpoint_head_shape(checkpoint_dir: str):
+    """Global shape of ``output_layer.weight`` in a torch_dist mcore checkpoint dir (``iter_XXXXXXX``), or None."""
+    from torch.distributed.checkpoint import FileSystemReader
+    meta = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata.get('output_layer.weight')
+    return None if meta is None else tuple(meta.size)
+
+
+def classify_mcore_checkpoint(head_shape, hidden_size: int, source: str) -> str:
+    """'critic' (a [1, H] head: loaded), 'causal_lm' (no head or an LM head [V, H]: initialised) or ValueError."""
+    if head_shape == (1, hidden_size):
+        return 'critic'
+    if head_shape is None or (len(head_shape) == 2 and head_shape[0] > 1 and head_shape[1] == hidden_size):
+        return 'causal_lm'
+    raise ValueError(f'llama3_2_critic: {source} has output_layer.weight {list(head_shape)}; a critic head is '
+                     f'[1, hidden_size] = [1, {hidden_size}], a causal LM head [vocab, {hidden_size}].')
 
 
 # What makes an HF Llama config our critic format (transformers builds LlamaForTokenClassification with one label

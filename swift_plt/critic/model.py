@@ -46,7 +46,7 @@ from mcore_bridge.bridge import GPTBridge
 from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
-from mcore_bridge.utils import get_logger
+from mcore_bridge.utils import get_logger, unwrap_model
 
 from . import CRITIC_MODEL_TYPE
 from .keys import HEAD_KEY, check_critic_keys, critic_hf_config, read_safetensors_shapes
@@ -93,11 +93,29 @@ class CriticGPTModel(GPTModel):
     """mcore-bridge GPTModel whose post_process ``output_layer`` is the ``[1, H]`` value head (see module doc)."""
     config: CriticModelConfig
 
+    is_critic = True
+
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
+        # True while loading a causal-LM mcore checkpoint (patches/swift_megatron_utils_megatron_lm_utils.py): the
+        # head is then left out of the sharded state dict and initialised instead.
+        self.checkpoint_without_head = False
         if self.post_process:
             assert tuple(self.output_layer.weight.shape) == (1, config.hidden_size), self.output_layer.weight.shape
             init_value_head(self.output_layer.weight)
+
+    def sharded_state_dict(self, prefix='', sharded_offsets=(), metadata=None):
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        key = f'{prefix}output_layer.weight'
+        if key in sharded:
+            if self.checkpoint_without_head:
+                del sharded[key]
+            else:
+                # megatron's LanguageModule allows a shape mismatch here (vocabulary padding of an LM head); for the
+                # [1, H] head a mismatch means a wrong checkpoint (e.g. an LM head [V, H]): let dist-checkpointing
+                # refuse it instead of loading part of it.
+                sharded[key].allow_shape_mismatch = False
+        return sharded
 
     @property
     def value_head(self):
@@ -119,11 +137,9 @@ class CriticBridge(GPTBridge):
                 read_safetensors_shapes(hf_model_dir), self.config.hf_config, source=f'HF checkpoint {hf_model_dir}')
         result = super().load_weights(mg_models, hf_model_dir, peft_format, *args, **kwargs)
         if head == 'missing':
-            for model in mg_models if isinstance(mg_models, (list, tuple)) else [mg_models]:
-                model = getattr(model, 'module', model)
-                while hasattr(model, 'module'):
-                    model = model.module
-                if getattr(model, 'post_process', False):
+            models = unwrap_model(mg_models)
+            for model in models if isinstance(models, list) else [models]:
+                if model.post_process:
                     init_value_head(model.output_layer.weight)
             logger.warning(f'[swift-plt] {CRITIC_MODEL_TYPE}: {hf_model_dir} has no value head ({HEAD_KEY}): '
                            f'initialised the value head with {HEAD_INIT} (a causal LM: its lm_head is dropped).')
