@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Critic training (issue 4) on GPU, one command, on an `nvidia-h200-x2` device machine, from the repo root:
 #     bash tests/gpu/critic_train.sh     (device tool: kind='nvidia-h200-x2', carry=['.gpu_kit'], $OUT set by it)
-# Writes every log to $OUT and the results to $OUT/critic_summary.txt (appended as each step finishes).
+# Writes every log to $OUT and the results to $OUT/critic_train_summary.txt (appended as each step finishes).
 #   0. setup: .gpu_kit, plugin install, tiny Llama (.gpu_kit/make_tiny_llama.py), critic rows
 #      (tests/harness/critic_rows.py), a tiny critic with a random value head N(0, 0.05) (harness make_tiny_critic)
 #   1. (at once) GPU0: `megatron sft --model_type llama3_2_critic` 60 iters bf16 on scalar rewards, saving the mcore
@@ -21,7 +21,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
 # shellcheck disable=SC1091
 source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin
-gpu_init /tmp/critic_gpu_out critic_summary.txt "${CRITIC_WORK:-/tmp/critic_gpu}" 540
+gpu_init /tmp/critic_gpu_out critic_train_summary.txt "${CRITIC_WORK:-/tmp/critic_gpu}" 540
 CHECK="python3 tests/gpu/critic_checks.py"
 bounded() { # bounded CAP_S CMD...: run CMD for at most min(CAP_S, budget left) seconds
   local t
