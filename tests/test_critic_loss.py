@@ -213,3 +213,52 @@ def test_explained_variance_is_nan_without_return_variance():
     v, _, _, m = rand_case(1)
     assert math.isnan(float(loss.explained_variance(v, torch.full_like(v, 1.0), m)))
     assert math.isnan(float(loss.explained_variance(v, torch.zeros_like(v), m)))
+
+
+def rand_spans(seed, B=5, S=10):
+    g = torch.Generator().manual_seed(seed)
+    am = torch.zeros(B, S, dtype=torch.long)
+    for b in range(B):
+        n = int(torch.randint(2, S + 1, (1, ), generator=g))
+        s0 = int(torch.randint(0, S - n + 1, (1, ), generator=g))
+        am[b, s0:s0 + n] = 1
+    return torch.randint(4, 100, (B, S), generator=g), am
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_engine_left_align_brute_force(seed):
+    """Each row's token span moves to position 0 (padding right), value-aligned tensors move with their tokens, and
+    unalign_values puts values back (0 where the token or the next token is padding)."""
+    from swift_plt.critic.engine import left_align, unalign_values
+    ids, am = rand_spans(seed)
+    B, S = ids.shape
+    valid = torch.zeros(B, S - 1, dtype=torch.bool)
+    for b in range(B):
+        for t in range(S - 1):
+            valid[b, t] = bool(am[b, t] and am[b, t + 1])
+    returns = torch.randn(B, S - 1)
+    out, start = left_align({'input_ids': ids, 'attention_mask': am, 'returns': returns, 'value_mask': valid})
+    for b in range(B):
+        real = [int(x) for x, m in zip(ids[b], am[b]) if m]
+        n = len(real)
+        assert out['input_ids'][b, :n].tolist() == real and out['attention_mask'][b].tolist() == [1] * n + [0] * (S - n)
+        assert out['position_ids'][b, :n].tolist() == list(range(n))
+        s0 = int(start[b])
+        for t in range(S - 1):
+            if valid[b, t]:  # value position t (state after token t) -> t - s0
+                assert bool(out['value_mask'][b, t - s0]) and float(out['returns'][b, t - s0]) == float(returns[b, t])
+        assert int(out['value_mask'][b].sum()) == int(valid[b].sum())
+    back = unalign_values(out['returns'], start, am)
+    assert torch.equal(back, torch.where(valid, returns, torch.zeros_like(returns)))
+
+
+def test_engine_left_align_errors():
+    from swift_plt.critic.engine import left_align
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    with pytest.raises(ValueError, match='row 1 has padding between tokens'):
+        left_align({'input_ids': ids, 'attention_mask': torch.tensor([[1] * 6, [1, 1, 0, 1, 1, 0]])})
+    am = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    vm = torch.zeros(2, 5)
+    vm[0, 1] = 1  # state after a padding token
+    with pytest.raises(ValueError, match='row 0 marks a value position whose token or next token is padding'):
+        left_align({'input_ids': ids, 'attention_mask': am, 'value_mask': vm})

@@ -39,18 +39,77 @@ def response_to_values(x: torch.Tensor, seq_len: int) -> torch.Tensor:
     return out
 
 
-def padded_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, S] 0/1 -> megatron's [B, 1, S, S] bool mask (True = masked): causal, padding keys masked; a padding
-    query still sees itself (no fully masked row; its output is never used)."""
-    S = attention_mask.shape[1]
-    allowed = torch.tril(torch.ones(S, S, dtype=torch.bool, device=attention_mask.device))[None]
-    allowed = allowed & attention_mask.bool()[:, None, :]
-    allowed = allowed | torch.eye(S, dtype=torch.bool, device=attention_mask.device)[None]
-    return ~allowed[:, None]
-
-
 def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+TOKEN_KEYS = ('input_ids', 'attention_mask', 'position_ids')  # [B, S]
+VALUE_KEYS = ('returns', 'value_mask', 'old_values')  # value-aligned [B, S-1]
+
+
+def _shift_rows(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """out[b, t] = x[b, (t + shift[b]) % S] (a per-row rotation)."""
+    S = x.shape[1]
+    idx = (torch.arange(S, device=x.device)[None] + shift.to(x.device)[:, None]) % S
+    return torch.gather(x, 1, idx)
+
+
+def _pad_one(x):  # value-aligned [B, S-1] -> [B, S] (a 0 at the end), to rotate like the tokens
+    return torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)
+
+
+def left_align(batch: Dict[str, torch.Tensor]):
+    """Rotate every row so that its tokens (``attention_mask`` 1: one contiguous span per row, e.g. a left-padded
+    prompt + a right-padded response) start at position 0 and all padding is at the right; returns
+    ``(aligned batch, start)`` (``start[b]``: where row b's tokens began).
+
+    Why: with right padding only, the causal mask alone is exact for every real token, so the model runs with
+    megatron's causal mask and no padding mask. That is the same on every attention backend: Transformer Engine's
+    fused / flash attention applies the causal mask and would ignore an explicit [B, 1, S, S] padding mask
+    (mcore-bridge consumes a bool mask only under ``attn_mask_type=arbitrary``), so left padding would otherwise let
+    real tokens attend to padding on GPU. Value-aligned tensors move with their tokens; a ``value_mask`` set where
+    the token or the next token is padding is an error (no value of a real state predicts it)."""
+    ids = batch['input_ids']
+    B, S = ids.shape
+    am = batch.get('attention_mask')
+    am = torch.ones_like(ids) if am is None else am
+    real = am.bool()
+    count = real.sum(1)
+    start = torch.where(count > 0, real.float().argmax(1), torch.zeros_like(count))
+    pos = torch.arange(S, device=ids.device)[None]
+    span = (pos >= start[:, None]) & (pos < (start + count)[:, None])
+    if not torch.equal(span, real):
+        bad = int((span != real).any(1).nonzero()[0])
+        raise ValueError(f'batch["attention_mask"] row {bad} has padding between tokens; each row must be one '
+                         'contiguous span of tokens (left and/or right padding only), as verl lays out prompt + '
+                         'response.')
+    out = dict(batch, attention_mask=am)
+    if out.get('position_ids') is None:
+        out['position_ids'] = default_position_ids(am)
+    for k in TOKEN_KEYS:
+        out[k] = _shift_rows(out[k], start)
+    vmask = batch.get('value_mask')
+    if vmask is not None:
+        valid = (pos[:, :-1] >= start[:, None]) & (pos[:, :-1] < (start + count - 1)[:, None])
+        if (vmask.bool() & ~valid.to(vmask.device)).any():
+            bad = int((vmask.bool() & ~valid.to(vmask.device)).any(1).nonzero()[0])
+            raise ValueError(f'batch["value_mask"] row {bad} marks a value position whose token or next token is '
+                             'padding: value position t is the state after token t and predicts the return of token '
+                             't+1 (both must be tokens). For a response of R tokens at the end: response_to_values.')
+    for k in VALUE_KEYS:
+        if batch.get(k) is not None:
+            out[k] = _shift_rows(_pad_one(batch[k]), start)[:, :-1]
+    return out, start
+
+
+def unalign_values(values: torch.Tensor, start: torch.Tensor, attention_mask: Optional[torch.Tensor]):
+    """Inverse of ``left_align`` for value-aligned [B, S-1] outputs; 0 where the token or the next token is
+    padding."""
+    out = _shift_rows(_pad_one(values), -start)[:, :-1]
+    if attention_mask is not None:
+        real = attention_mask.bool().to(out.device)
+        out = torch.where(real[:, :-1] & real[:, 1:], out, torch.zeros_like(out))
+    return out
 
 
 class MegatronCritic:
@@ -112,28 +171,24 @@ class MegatronCritic:
                                  'response_to_values(x, S)).')
 
     def _micro_batches(self, batch) -> List[Dict[str, torch.Tensor]]:
+        """``batch`` (already ``left_align``-ed: attention_mask and position_ids set) -> micro-batches."""
         B = batch['input_ids'].shape[0]
         mbs = self.micro_batch_size or B
         if B % mbs:
             raise ValueError(f'batch size {B} is not a multiple of micro_batch_size {mbs}')
-        attention_mask = batch.get('attention_mask')
-        if attention_mask is None:
-            attention_mask = torch.ones_like(batch['input_ids'])
-        full = dict(batch, attention_mask=attention_mask)
-        if full.get('position_ids') is None:
-            full['position_ids'] = default_position_ids(attention_mask)
         return [{k: v[i:i + mbs] if isinstance(v, torch.Tensor) else v
-                 for k, v in full.items()} for i in range(0, B, mbs)]
+                 for k, v in batch.items()} for i in range(0, B, mbs)]
 
     def forward_backward_step(self, batch: Dict[str, torch.Tensor], forward_only: bool) -> List[dict]:
         """One pass of megatron's schedule over ``batch`` split into micro-batches; gradients accumulate unless
         ``forward_only``. Returns, on the last pipeline stage, one dict per micro-batch (``values`` when
-        ``forward_only``; else ``loss``, the sums of ``loss.STAT_KEYS`` and the loss function's metrics); elsewhere
-        an empty list."""
+        ``forward_only``, in the row layout of ``left_align``; else ``loss``, the sums of ``loss.STAT_KEYS`` and the
+        loss function's metrics); elsewhere an empty list."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from .model import values as values_of  # [B, S, 1] -> [B, S-1]
         self._check_batch(batch, forward_only)
+        batch, _ = left_align(batch)
         micro_batches = self._micro_batches(batch)
         device = next(self.models[0].parameters()).device
         micro_batches = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
@@ -143,10 +198,9 @@ class MegatronCritic:
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            output = model(
-                input_ids=mb['input_ids'],
-                position_ids=mb['position_ids'],
-                attention_mask=padded_attention_mask(mb['attention_mask']))
+            # rows are left-aligned (padding at the right only): the causal mask is exact for every token, on every
+            # attention backend (see left_align); outputs at padding positions are never used
+            output = model(input_ids=mb['input_ids'], position_ids=mb['position_ids'], attention_mask=None)
 
             def loss_func(output_tensor):
                 values = values_of(output_tensor).float()  # [b, S-1], value-aligned
@@ -191,15 +245,17 @@ class MegatronCritic:
 
     # ---- driver API ---------------------------------------------------------------------------------------------
     def compute_values(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token values [B, S-1] (fp32, no grad), returned on every rank (broadcast from the last pipeline
-        stage over the pipeline group)."""
+        """Per-token values [B, S-1] (fp32, no grad; 0 where the token or the next token is padding), returned on
+        every rank (broadcast from the last pipeline stage over the pipeline group)."""
         for m in self.models:
             m.eval()
         with torch.no_grad():
             out = self.forward_backward_step(batch, forward_only=True)
         B, S = batch['input_ids'].shape
         values = torch.cat([o['values'] for o in out]) if out else None
-        return self._from_last_stage(values, (B, S - 1))
+        values = self._from_last_stage(values, (B, S - 1))
+        _, start = left_align({k: batch.get(k) for k in ('input_ids', 'attention_mask')})
+        return unalign_values(values, start, batch.get('attention_mask'))
 
     def update_critic(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """One optimizer step on ``batch`` (zero grads, forward/backward over its micro-batches, step). Returns the
