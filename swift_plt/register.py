@@ -50,6 +50,24 @@ def ignore_token_labels(model) -> None:
     model.forward = forward_without_labels
 
 
+def init_missing_hf_head(model, model_dir: str) -> None:
+    """From a causal-LM dir transformers initialises ``score`` randomly; set it like the Megatron side does
+    (swift_plt.critic.model: zeros, with the warning), so that both sides of ``swift export`` agree."""
+    import torch
+
+    from .critic.keys import HEAD_KEY, read_safetensors_shapes
+    try:
+        has_head = HEAD_KEY in read_safetensors_shapes(model_dir)
+    except FileNotFoundError:
+        return
+    if not has_head:
+        from swift.utils import get_logger
+        with torch.no_grad():
+            model.score.weight.zero_()
+        get_logger().warning(f'[swift-plt] {CRITIC_MODEL_TYPE} (HF side): {model_dir} has no value head '
+                             f'({HEAD_KEY}): initialised the value head with zeros.')
+
+
 def register_critic_swift() -> None:
     """HF side of ``llama3_2_critic``: transformers' LlamaForTokenClassification(num_labels=1), from a critic dir or
     a causal LM dir (``swift export``, ms-swift's HF model loading)."""
@@ -73,6 +91,8 @@ def register_critic_swift() -> None:
         def get_model(self, model_dir, config, processor, model_kwargs):
             model = super().get_model(model_dir, config, processor, model_kwargs)
             ignore_token_labels(model)
+            if not self.return_dummy_model:
+                init_missing_hf_head(model, model_dir)
             return model
 
     register_model(

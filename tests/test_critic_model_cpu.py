@@ -237,3 +237,28 @@ def test_load_patch_is_what_ms_swift_calls():
     original is upstream's; other models pass straight through to it, see test_critic_cli_cpu)."""
     (out, ) = spawn(_load_patch_bindings, 1)
     assert out == (True, 'swift.megatron.utils.megatron_lm_utils', True, True, True)
+
+
+def _hf_side(lm, critic):
+    from swift.model import get_model_processor
+
+    from swift_plt.register import register_critic_swift
+    register_critic_swift()
+    out = {}
+    for name, d in (('lm', lm), ('critic', critic)):
+        model, _ = get_model_processor(d, model_type='llama3_2_critic', torch_dtype=torch.float32)
+        ids = torch.tensor([[5, 6, 7]])
+        out[name] = (type(model).__name__, model.score.weight.detach().clone(), model.config.num_labels,
+                     model(input_ids=ids, labels=ids).logits.shape)
+    return out
+
+
+def test_hf_side_loader(dirs):
+    """ms-swift's HF-side model for llama3_2_critic: LlamaForTokenClassification(num_labels=1); from a causal LM the
+    head is zeros like on the Megatron side (not transformers' random init); token-id labels are ignored."""
+    from safetensors.torch import load_file
+    (out, ) = spawn(_hf_side, 1, *dirs)
+    ref = load_file(os.path.join(dirs[1], 'model.safetensors'))['score.weight']
+    assert out['lm'][0] == out['critic'][0] == 'LlamaForTokenClassification'
+    assert torch.equal(out['lm'][1], torch.zeros(1, 64)) and torch.equal(out['critic'][1], ref)
+    assert out['lm'][2:] == out['critic'][2:] == (1, (1, 3, 1))
