@@ -21,7 +21,7 @@ setup(
     version='0.1.0',
     description='Patch-level training (PLT) for Megatron-SWIFT (ms-swift 4.x)',
     python_requires='>=3.10',
-    packages=['swift_plt', 'swift_plt.patches'],
+    packages=['swift_plt', 'swift_plt.critic', 'swift_plt.patches'],
     package_dir={'swift_plt.patches': 'patches'},  # the upstream touch points: one module per upstream module
     cmdclass={'build_py': BuildPyWithStartupHook},
     install_requires=[

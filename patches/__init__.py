@@ -6,16 +6,21 @@ Installed as ``swift_plt.patches`` (setup.py maps this folder there). Each modul
   apply(m)  the patch, applied by ``swift_plt.activation`` right after ``TARGET`` is imported. It checks the
             upstream names it touches first (``guard``) and raises if upstream moved, instead of patching blindly.
 Every patch is a wrapper around the original that returns the original's result unchanged unless the run is a
-PLT run with patch_size K > 1 (K=1 and every other model type are bit-for-bit upstream).
+PLT run with patch_size K > 1, or a ``llama3_2_critic`` run (load_mcore_checkpoint into a critic; critic training:
+the --value_clip_range flag, the row targets in the template, the critic trainer); K=1 and every other model type
+are bit-for-bit upstream.
 """
-from . import (swift_arguments_base_args, swift_megatron_arguments, swift_megatron_trainers_utils,
-               swift_megatron_utils, swift_pipelines_train_sft, swift_template)
+from . import (swift_arguments_base_args, swift_megatron_arguments, swift_megatron_pipelines_train_sft,
+               swift_megatron_trainers_utils, swift_megatron_utils, swift_megatron_utils_megatron_lm_utils,
+               swift_pipelines_train_sft, swift_template)
 
 PATCHES = [
-    swift_megatron_arguments,  # --patch_size on MegatronArguments (+ validation before step 1)
+    swift_megatron_arguments,  # --patch_size, --value_clip_range on MegatronArguments (+ validation before step 1)
     swift_arguments_base_args,  # --patch_size on every HF-side command (swift pt/sft/export/...), K handed to the model loader
     swift_megatron_utils,  # get_padding_to: batch length multiple of K * upstream multiple
     swift_megatron_trainers_utils,  # get_batch_on_this_pp_rank: no label roll at K>1, first patch masked
     swift_pipelines_train_sft,  # SwiftSft._prepare_template (megatron pt/sft inherit it): hand K to the template
-    swift_template,  # Template._encode_truncated: pad every document to a multiple of K
+    swift_template,  # Template: pad every document to a multiple of K; critic returns -> token-aligned tensors
+    swift_megatron_utils_megatron_lm_utils,  # load_mcore_checkpoint: critic from a causal-LM mcore checkpoint
+    swift_megatron_pipelines_train_sft,  # MegatronSft.prepare_trainer: the critic trainer for llama3_2_critic
 ]

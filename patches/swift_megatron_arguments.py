@@ -1,9 +1,11 @@
-"""ms-swift ``swift.megatron.arguments.megatron_args.MegatronArguments``: add ``--patch_size``.
+"""ms-swift ``swift.megatron.arguments.megatron_args.MegatronArguments``: add ``--patch_size`` and
+``--value_clip_range`` (critic training, swift_plt.critic).
 
 The patch runs right after the module executes, before its subclasses (MegatronBaseArguments, the pt/sft/export
 argument classes) are defined in sibling modules, and swaps in a dataclass subclass with one extra field. Its
 ``_init_distributed`` (the last step of upstream ``__post_init__``, after the model type is resolved) first resolves
-and validates ``patch_size`` so that bad input fails before torch.distributed starts.
+and validates ``patch_size`` and the critic options (swift_plt.critic.arguments) so that bad input fails before
+torch.distributed starts. Neither changes anything for other model types unless the flag is given.
 """
 from dataclasses import dataclass, field
 from typing import Optional
@@ -17,18 +19,21 @@ VERIFIED = 'ms-swift 4.6.0'
 def apply(module):
     check_once(('ms-swift', 'mcore-bridge', 'megatron-core'))
     upstream = module.MegatronArguments
-    if has_field(upstream, 'patch_size', VERIFIED):
+    if has_field(upstream, 'patch_size', VERIFIED) | has_field(upstream, 'value_clip_range', VERIFIED):
         return
     guard(upstream, '__post_init__', ['self'], VERIFIED)
     guard(upstream, '_init_distributed', ['self'], VERIFIED)
     from swift_plt.arguments import PATCH_SIZE_HELP, resolve_patch_size
+    from swift_plt.critic.arguments import VALUE_CLIP_RANGE_HELP, resolve_critic_args
 
     @dataclass
     class MegatronArguments(upstream):
         patch_size: Optional[int] = field(default=None, metadata={'help': PATCH_SIZE_HELP})
+        value_clip_range: Optional[float] = field(default=None, metadata={'help': VALUE_CLIP_RANGE_HELP})
 
         def _init_distributed(self):
             resolve_patch_size(self)
+            resolve_critic_args(self)
             super()._init_distributed()
 
     swap_class(module, upstream, MegatronArguments)

@@ -21,28 +21,10 @@ set -m # every background job gets its own process group, so a job past its dead
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
-OUT=${OUT:-/tmp/plt_gpu_out}
-mkdir -p "$OUT"
-export OUT
-SUM=$OUT/summary.txt
-: >"$SUM"
-W=${PLT_WORK:-/tmp/plt_gpu}
-rm -rf "$W"
-mkdir -p "$W/runs"
-BUDGET=${BUDGET:-560}
-T0=$SECONDS
+# shellcheck disable=SC1091
+source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin
+gpu_init /tmp/plt_gpu_out summary.txt "${PLT_WORK:-/tmp/plt_gpu}" 560
 SUMPY="env LOGDIR=$OUT python3 $REPO/tests/gpu/summarize.py"
-
-left() { echo $((BUDGET - (SECONDS - T0))); }
-cap() { # cap WANT: WANT seconds, or what is left of the budget (at least 5)
-  local want=$1 l
-  l=$(left)
-  [ "$l" -lt "$want" ] && want=$l
-  [ "$want" -lt 5 ] && want=5
-  echo "$want"
-}
-say() { echo "$*" | tee -a "$SUM"; }
-now() { echo "t=$((SECONDS - T0))s"; }
 
 JOBS=()
 launch() { "$@" & JOBS+=($!); }
@@ -74,18 +56,6 @@ if ! source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1; then
   say "0 setup: FAILED to source .gpu_kit/setup_device.sh (see setup_kit.log); stopping"
   exit 1
 fi
-install_plugin() {
-  python3 -m pip install --no-deps --no-build-isolation --no-index . && echo "INSTALLED_BY=pip" && return 0
-  python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . &&
-    echo "INSTALLED_BY=pip(--break-system-packages)" && return 0
-  # last resort: put in site-packages exactly what the wheel holds (setup.py: swift_plt, patches -> swift_plt/patches,
-  # swift_plt_startup.pth at the root)
-  local sp
-  sp=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  [ -w "$sp" ] || sp=$(python3 -m site --user-site)
-  mkdir -p "$sp" && rm -rf "$sp/swift_plt" && cp -r swift_plt "$sp/" && rm -rf "$sp/swift_plt/patches" &&
-    cp -r patches "$sp/swift_plt/patches" && cp swift_plt_startup.pth "$sp/" && echo "INSTALLED_BY=copy($sp)"
-}
 install_plugin >"$OUT/pip_install.log" 2>&1
 how=$(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1)
 hook=$(cd /tmp && python3 -c "

@@ -45,6 +45,12 @@ PATCHES (id: upstream target -- what and why)
  P10 ``megatron.core.jit.jit_fuser`` (0.16.1): megatron decorates its bias-SwiGLU / bias-dropout-add fusions with
     ``torch.compile`` at import time; on CPU that means an inductor C++ build per shape. Replaced by a no-op
     decorator (megatron's own ``disable_jit_fuser``) unless env ``SWIFT_PLT_CPU_HARNESS_JIT=1``. Same math, eager.
+ P12 ``mcore_bridge.model.gpt_model.OutputLayerLinear`` (1.6.5): the seq_cls head (swift-plt's critic value head) is a
+    TE ``TELinear(parallel_mode='duplicated')``, which cannot be built without TE. Replaced by ``_LocalOutputLayer``
+    with TELinear-duplicated semantics: full ``[out, in]`` weight on every TP rank, initialised by ``init_method``
+    under the data-parallel RNG (when ``perform_initialization``), ``allreduce=True`` and
+    ``sequence_parallel=config.sequence_parallel`` on the weight, forward ``(x @ W^T, None)``, and a replicated
+    sharded state dict (megatron's ``make_sharded_tensors_for_checkpoint`` with no TP axis, as TELinear does).
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -272,6 +278,40 @@ def _patch_fused_softmax(fused_softmax):
     cls._cpu_harness_patched = True
 
 
+# ---------------------------------------------------------------------------------------------------------- P12
+def _patch_gpt_model(gpt_model):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.module import MegatronModule
+
+    class _LocalOutputLayer(MegatronModule):
+        """TELinear(parallel_mode='duplicated', bias=False) on CPU (P12)."""
+
+        def __init__(self, input_size, output_size, *, config, init_method, bias=False, skip_bias_add=False,
+                     parallel_mode='duplicated', skip_weight_param_allocation=False, **kwargs):
+            super().__init__(config=config)
+            assert parallel_mode == 'duplicated' and not bias, 'CPU harness P12: only the seq_cls head'
+            self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype))
+            if config.perform_initialization:
+                from megatron.core.tensor_parallel.random import (get_cuda_rng_tracker,
+                                                                  get_data_parallel_rng_tracker_name)
+                with get_cuda_rng_tracker().fork(get_data_parallel_rng_tracker_name()):
+                    init_method(self.weight)
+            self.weight.allreduce = True
+            self.weight.sequence_parallel = config.sequence_parallel
+            self.sequence_parallel = config.sequence_parallel
+
+        def forward(self, x, *args, **kwargs):
+            return F.linear(x, self.weight), None
+
+        def sharded_state_dict(self, prefix='', sharded_offsets=(), metadata=None):
+            from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+            return make_sharded_tensors_for_checkpoint(self.state_dict(prefix='', keep_vars=True), prefix, None,
+                                                       sharded_offsets)
+
+    gpt_model.OutputLayerLinear = _LocalOutputLayer
+
+
 def install():
     """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
     global _INSTALLED
@@ -291,6 +331,7 @@ def install():
     _imports.when_imported('megatron.core.tensor_parallel.random', _patch_megatron_random)  # P7
     _imports.when_imported('megatron.core.jit', _patch_megatron_jit)  # P10
     _imports.when_imported('megatron.core.fusions.fused_softmax', _patch_fused_softmax)  # P11
+    _imports.when_imported('mcore_bridge.model.gpt_model', _patch_gpt_model)  # P12
 
 
 def is_installed() -> bool:

@@ -187,3 +187,25 @@ def make_jsonl(path: str, rows: int = 64, seed: int = 0, max_sentences: int = 3)
             text = ' '.join(rng.choice(pool) for _ in range(rng.choice(counts)))
             f.write(json.dumps({'messages': [{'role': 'assistant', 'content': text}]}) + '\n')
     return path
+
+
+def make_tiny_critic(out_dir: str, lm_dir: str, *, seed: int = 1, head_std: float = 0.5) -> str:
+    """Write a critic in our HF format (``LlamaForTokenClassification``, ``num_labels=1``, bias-free ``score``) with
+    the trunk of the causal LM ``lm_dir`` and a random ``score.weight`` ``[1, H]`` (N(0, head_std)); return it."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, LlamaForTokenClassification
+
+    from swift_plt.critic.keys import critic_hf_config
+
+    config = critic_hf_config(AutoConfig.from_pretrained(lm_dir))
+    with _fork_rng(seed), hf_rope_guard():
+        model = LlamaForTokenClassification.from_pretrained(lm_dir, config=config, dtype=torch.float32)
+        torch.nn.init.normal_(model.score.weight, std=head_std)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for name in os.listdir(lm_dir):
+        if name.startswith('tokenizer') or name == 'special_tokens_map.json':
+            shutil.copy(os.path.join(lm_dir, name), os.path.join(out_dir, name))
+    return out_dir

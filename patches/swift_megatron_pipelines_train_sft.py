@@ -1,0 +1,29 @@
+"""ms-swift ``swift.megatron.pipelines.train.sft.MegatronSft.prepare_trainer`` (``megatron sft``; ``megatron pt``
+inherits it): for ``--model_type llama3_2_critic`` return the critic trainer (masked value loss,
+swift_plt.critic.trainer.MegatronCriticTrainer, a subclass of upstream's MegatronTrainer); every other model type
+gets upstream's trainer, unchanged."""
+import functools
+
+from ._guard import check_once, guard
+
+TARGET = 'swift.megatron.pipelines.train.sft'
+VERIFIED = 'ms-swift 4.6.0'
+
+
+def apply(module):
+    check_once()
+    cls = module.MegatronSft
+    upstream = guard(cls, 'prepare_trainer', ['self'], VERIFIED)
+    if getattr(upstream, '_swift_plt', False):
+        return
+    from swift_plt.critic.arguments import is_critic
+
+    @functools.wraps(upstream)
+    def prepare_trainer(self):
+        if is_critic(self.args):
+            from swift_plt.critic.trainer import MegatronCriticTrainer
+            return MegatronCriticTrainer(self.args, self.template)
+        return upstream(self)
+
+    prepare_trainer._swift_plt = True
+    cls.prepare_trainer = prepare_trainer

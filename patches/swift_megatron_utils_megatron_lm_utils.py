@@ -1,0 +1,62 @@
+"""ms-swift ``swift.megatron.utils.megatron_lm_utils.load_mcore_checkpoint``: a critic (``llama3_2_critic``) loads
+a causal-LM mcore checkpoint with its value head initialised, never silently mis-loaded.
+
+Upstream loads whatever ``output_layer.weight`` the checkpoint has: megatron marks the LM head
+``allow_shape_mismatch`` (vocabulary padding), so a causal LM's ``[V, H]`` head was loaded into the critic's
+``[1, H]`` head without an error (seen on CPU: a non-zero head from an LM checkpoint). For critic models only, this
+wrapper reads the checkpoint's metadata first: a ``[1, H]`` head (a critic checkpoint, e.g. resume) loads as
+upstream, strictly; no head or an LM head (a causal LM) loads everything but the head, which is then initialised
+(zeros) with a warning; any other head shape is an error before loading. Other models: upstream, unchanged.
+"""
+import functools
+import os
+
+from ._guard import check_once, guard
+
+TARGET = 'swift.megatron.utils.megatron_lm_utils'
+VERIFIED = 'ms-swift 4.6.0'
+
+
+def apply(module):
+    check_once()
+    upstream = guard(module, 'load_mcore_checkpoint',
+                     ['args', 'ddp_models', 'optimizer', 'opt_param_scheduler', 'load_arg', 'adapter_name'], VERIFIED)
+    if getattr(upstream, '_swift_plt', False):
+        return
+    load_iteration = guard(module, '_load_iteration', ['tracker_path'], VERIFIED)
+    unwrap_model = guard(module, 'unwrap_model', None, VERIFIED)
+
+    @functools.wraps(upstream)
+    def load_mcore_checkpoint(args, ddp_models, optimizer=None, opt_param_scheduler=None, load_arg='mcore_model',
+                              adapter_name='default'):
+        critics = [m for m in unwrap_model(ddp_models) if getattr(m, 'is_critic', False)]
+        if not critics or load_arg not in {'mcore_model', 'mcore_ref_model'}:
+            return upstream(args, ddp_models, optimizer, opt_param_scheduler, load_arg, adapter_name)
+        from swift_plt.critic.keys import classify_mcore_checkpoint, mcore_checkpoint_head_shape
+        from swift_plt.critic.model import HEAD_INIT, init_value_head, logger
+        load_dir = getattr(args, load_arg)
+        iteration = load_iteration(os.path.join(load_dir, 'latest_checkpointed_iteration.txt'))
+        checkpoint_dir = os.path.join(load_dir, f'iter_{iteration:07d}')
+        kind = classify_mcore_checkpoint(
+            mcore_checkpoint_head_shape(checkpoint_dir), critics[0].config.hidden_size, f'mcore checkpoint {load_dir}')
+        if kind == 'critic':
+            return upstream(args, ddp_models, optimizer, opt_param_scheduler, load_arg, adapter_name)
+        if optimizer is not None and not (args.finetune or args.no_load_optim):
+            raise ValueError(f'{load_dir} is a causal-LM checkpoint: its optimizer state does not fit a critic. '
+                             'Start the critic from it with --finetune true (or --no_load_optim true).')
+        for m in critics:
+            m.checkpoint_without_head = True
+        try:
+            result = upstream(args, ddp_models, optimizer, opt_param_scheduler, load_arg, adapter_name)
+        finally:
+            for m in critics:
+                m.checkpoint_without_head = False
+        for m in critics:
+            if m.post_process:
+                init_value_head(m.output_layer.weight)
+        logger.warning(f'[swift-plt] llama3_2_critic: mcore checkpoint {load_dir} is a causal LM (no value head): '
+                       f'initialised the value head with {HEAD_INIT} (its LM head, if any, is dropped).')
+        return result
+
+    load_mcore_checkpoint._swift_plt = True
+    module.load_mcore_checkpoint = load_mcore_checkpoint

@@ -1,0 +1,318 @@
+"""``MegatronCritic``: the critic as an in-process engine for RL drivers (PPO), on the Megatron model with TP/PP.
+
+In the spirit of verl's engine API (a worker drives ``forward_backward_batch`` + ``optimizer_step`` with a loss
+function it sets), on megatron's own pipeline schedules (``get_forward_backward_func``) and optimizer:
+
+    critic = MegatronCritic(models, optimizer, micro_batch_size=4, clip_range=0.2)
+    old_values = critic.compute_values(batch)                        # [B, S-1], on every rank
+    batch.update(returns=..., value_mask=..., old_values=old_values)  # value-aligned [B, S-1]
+    metrics = critic.update_critic(batch)                            # one optimizer step
+
+Batch (the same on every TP/PP rank of a data-parallel group; each data-parallel rank passes its own shard):
+  ``input_ids`` [B, S] (long); ``attention_mask`` [B, S] (1 = token, 0 = padding, left or right; default all 1);
+  ``position_ids`` [B, S] (default: ``cumsum(attention_mask) - 1``, as verl);
+  for updates, value-aligned [B, S-1] tensors like ``compute_values``' output: ``returns``, ``value_mask``
+  (1 where a return exists), optional ``old_values`` (needed with ``clip_range``).
+Alignment (swift_plt.critic.data): ``values[:, t]`` is the value of the state after token t, trained towards the
+return of token t+1; for a response of R tokens at the end of the sequence, ``values[:, -R:]`` (verl's
+``values[:, -R-1:-1]`` of the [B, S] output). ``response_to_values`` places [B, R] response tensors there.
+
+Loss function (``set_loss_fn``): ``fn(values [b, S-1] fp32, micro_batch) -> (loss, metrics)`` where ``loss`` is the
+mean over the micro-batch's value tokens (``value_mask``); the engine weights micro-batches by their token counts,
+so the step minimises the token mean over the whole batch whatever the micro-batch size. The default is
+``swift_plt.critic.loss.value_loss`` (masked MSE, or PPO clipped with ``clip_range``).
+"""
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .loss import STAT_KEYS, explained_variance_from_sums, value_loss, value_stats
+
+LossFn = Callable[[torch.Tensor, Dict[str, torch.Tensor]], tuple]
+
+
+def response_to_values(x: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[B, R] tensor of the last R tokens (the response) -> [B, seq_len - 1] value-aligned, 0 elsewhere."""
+    out = x.new_zeros(x.shape[0], seq_len - 1)
+    out[:, seq_len - 1 - x.shape[1]:] = x
+    return out
+
+
+def default_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+TOKEN_KEYS = ('input_ids', 'attention_mask', 'position_ids')  # [B, S]
+VALUE_KEYS = ('returns', 'value_mask', 'old_values')  # value-aligned [B, S-1]
+
+
+def _shift_rows(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """out[b, t] = x[b, (t + shift[b]) % S] (a per-row rotation)."""
+    S = x.shape[1]
+    idx = (torch.arange(S, device=x.device)[None] + shift.to(x.device)[:, None]) % S
+    return torch.gather(x, 1, idx)
+
+
+def _pad_one(x):  # value-aligned [B, S-1] -> [B, S] (a 0 at the end), to rotate like the tokens
+    return torch.cat([x, x.new_zeros(x.shape[0], 1)], 1)
+
+
+def left_align(batch: Dict[str, torch.Tensor]):
+    """Rotate every row so that its tokens (``attention_mask`` 1: one contiguous span per row, e.g. a left-padded
+    prompt + a right-padded response) start at position 0 and all padding is at the right; returns
+    ``(aligned batch, start)`` (``start[b]``: where row b's tokens began).
+
+    Why: with right padding only, the causal mask alone is exact for every real token, so the model runs with
+    megatron's causal mask and no padding mask. That is the same on every attention backend: Transformer Engine's
+    fused / flash attention applies the causal mask and would ignore an explicit [B, 1, S, S] padding mask
+    (mcore-bridge consumes a bool mask only under ``attn_mask_type=arbitrary``), so left padding would otherwise let
+    real tokens attend to padding on GPU. Value-aligned tensors move with their tokens; a ``value_mask`` set where
+    the token or the next token is padding is an error (no value of a real state predicts it)."""
+    ids = batch['input_ids']
+    B, S = ids.shape
+    am = batch.get('attention_mask')
+    am = torch.ones_like(ids) if am is None else am
+    real = am.bool()
+    count = real.sum(1)
+    start = torch.where(count > 0, real.float().argmax(1), torch.zeros_like(count))
+    pos = torch.arange(S, device=ids.device)[None]
+    span = (pos >= start[:, None]) & (pos < (start + count)[:, None])
+    if not torch.equal(span, real):
+        bad = int((span != real).any(1).nonzero()[0])
+        raise ValueError(f'batch["attention_mask"] row {bad} has padding between tokens; each row must be one '
+                         'contiguous span of tokens (left and/or right padding only), as verl lays out prompt + '
+                         'response.')
+    out = dict(batch, attention_mask=am)
+    if out.get('position_ids') is None:
+        out['position_ids'] = default_position_ids(am)
+    for k in TOKEN_KEYS:
+        out[k] = _shift_rows(out[k], start)
+    vmask = batch.get('value_mask')
+    if vmask is not None:
+        valid = (pos[:, :-1] >= start[:, None]) & (pos[:, :-1] < (start + count - 1)[:, None])
+        if (vmask.bool() & ~valid.to(vmask.device)).any():
+            bad = int((vmask.bool() & ~valid.to(vmask.device)).any(1).nonzero()[0])
+            raise ValueError(f'batch["value_mask"] row {bad} marks a value position whose token or next token is '
+                             'padding: value position t is the state after token t and predicts the return of token '
+                             't+1 (both must be tokens). For a response of R tokens at the end: response_to_values.')
+    for k in VALUE_KEYS:
+        if batch.get(k) is not None:
+            out[k] = _shift_rows(_pad_one(batch[k]), start)[:, :-1]
+    return out, start
+
+
+def unalign_values(values: torch.Tensor, start: torch.Tensor, attention_mask: Optional[torch.Tensor]):
+    """Inverse of ``left_align`` for value-aligned [B, S-1] outputs; 0 where the token or the next token is
+    padding."""
+    out = _shift_rows(_pad_one(values), -start)[:, :-1]
+    if attention_mask is not None:
+        real = attention_mask.bool().to(out.device)
+        out = torch.where(real[:, :-1] & real[:, 1:], out, torch.zeros_like(out))
+    return out
+
+
+class MegatronCritic:
+    """See the module docstring. ``models``: this rank's model chunk(s) of the critic (a list, as mcore-bridge's
+    ``get_mcore_model`` / ms-swift build them; megatron DDP-wrapped for training with a megatron optimizer).
+    ``optimizer``: a megatron ``MegatronOptimizer`` (``get_megatron_optimizer``) or any torch optimizer."""
+
+    def __init__(self,
+                 models: List[torch.nn.Module],
+                 optimizer=None,
+                 *,
+                 micro_batch_size: Optional[int] = None,
+                 clip_range: Optional[float] = None,
+                 loss_fn: Optional[LossFn] = None):
+        from megatron.core.utils import get_model_config
+        self.models = list(models)
+        self.optimizer = optimizer
+        self.micro_batch_size = micro_batch_size
+        self.clip_range = clip_range
+        self.loss_fn = loss_fn or self.default_loss_fn
+        config = get_model_config(self.models[0])
+        if optimizer is not None and hasattr(optimizer, 'scale_loss') and config.grad_scale_func is None:
+            config.grad_scale_func = optimizer.scale_loss
+        if hasattr(self.models[0], 'zero_grad_buffer') and config.finalize_model_grads_func is None:
+            from megatron.core.distributed import finalize_model_grads
+            config.finalize_model_grads_func = finalize_model_grads  # DP/TP grad reduction, as ms-swift sets it
+        self.config = config
+
+    # ---- loss -------------------------------------------------------------------------------------------------
+    def set_loss_fn(self, loss_fn: LossFn) -> None:
+        self.loss_fn = loss_fn
+
+    def default_loss_fn(self, values, micro_batch):
+        mask, returns, old = micro_batch['value_mask'], micro_batch['returns'], micro_batch.get('old_values')
+        if self.clip_range is not None and old is None:
+            raise ValueError('MegatronCritic(clip_range=...) needs batch["old_values"] (e.g. from compute_values '
+                             'before the update), value-aligned [B, S-1].')
+        loss = value_loss(values, returns, mask, old if self.clip_range is not None else None, self.clip_range)
+        return loss, {}
+
+    # ---- core step ----------------------------------------------------------------------------------------------
+    def _check_batch(self, batch, forward_only):
+        ids = batch['input_ids']
+        if ids.dim() != 2:
+            raise ValueError(f'batch["input_ids"] must be [B, S], got {tuple(ids.shape)}')
+        B, S = ids.shape
+        for k in ('attention_mask', 'position_ids'):
+            if batch.get(k) is not None and tuple(batch[k].shape) != (B, S):
+                raise ValueError(f'batch["{k}"] must be [B, S] = {(B, S)}, got {tuple(batch[k].shape)}')
+        if forward_only:
+            return
+        for k in ('returns', 'value_mask', 'old_values'):
+            if k in ('returns', 'value_mask') and batch.get(k) is None:
+                raise ValueError(f'update_critic: batch["{k}"] is missing (value-aligned [B, S-1], see '
+                                 'response_to_values).')
+            if batch.get(k) is not None and tuple(batch[k].shape) != (B, S - 1):
+                raise ValueError(f'batch["{k}"] must be value-aligned [B, S-1] = {(B, S - 1)} like compute_values\' '
+                                 f'output, got {tuple(batch[k].shape)} (a [B, R] response tensor: '
+                                 'response_to_values(x, S)).')
+
+    def _micro_batches(self, batch) -> List[Dict[str, torch.Tensor]]:
+        """``batch`` (already ``left_align``-ed: attention_mask and position_ids set) -> micro-batches."""
+        B = batch['input_ids'].shape[0]
+        mbs = self.micro_batch_size or B
+        if B % mbs:
+            raise ValueError(f'batch size {B} is not a multiple of micro_batch_size {mbs}')
+        return [{k: v[i:i + mbs] if isinstance(v, torch.Tensor) else v
+                 for k, v in batch.items()} for i in range(0, B, mbs)]
+
+    def forward_backward_step(self, batch: Dict[str, torch.Tensor], forward_only: bool) -> List[dict]:
+        """One pass of megatron's schedule over ``batch`` split into micro-batches; gradients accumulate unless
+        ``forward_only``. Returns, on the last pipeline stage, one dict per micro-batch (``values`` when
+        ``forward_only``, in the row layout of ``left_align``; else ``loss``, the sums of ``loss.STAT_KEYS`` and the
+        loss function's metrics); elsewhere an empty list."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from .model import values as values_of  # [B, S, 1] -> [B, S-1]
+        self._check_batch(batch, forward_only)
+        batch, _ = left_align(batch)
+        micro_batches = self._micro_batches(batch)
+        device = next(self.models[0].parameters()).device
+        micro_batches = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+                         for mb in micro_batches]
+        total_tokens = None if forward_only else sum(float(mb['value_mask'].sum()) for mb in micro_batches)
+        num_mb = len(micro_batches)
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            # rows are left-aligned (padding at the right only): the causal mask is exact for every token, on every
+            # attention backend (see left_align); outputs at padding positions are never used
+            output = model(input_ids=mb['input_ids'], position_ids=mb['position_ids'], attention_mask=None)
+
+            def loss_func(output_tensor):
+                values = values_of(output_tensor).float()  # [b, S-1], value-aligned
+                if forward_only:
+                    return values.sum() * 0, {'values': values.detach()}
+                loss, metrics = self.loss_fn(values, mb)
+                n = mb['value_mask'].float().sum()
+                # the schedule divides by the number of micro-batches: weight by this micro-batch's token share
+                scaled = loss * (n / max(total_tokens, 1.0) * num_mb)
+                stats = value_stats(values, mb['returns'], mb['value_mask'])
+                out = {'loss': loss.detach() * n, **{f'sum_{k}': v for k, v in stats.items()}}
+                out.update({k: torch.as_tensor(v, dtype=torch.float32) for k, v in metrics.items()})
+                return scaled, out
+
+            return output, loss_func
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=self.models,
+            num_microbatches=num_mb,
+            seq_length=batch['input_ids'].shape[1],
+            micro_batch_size=micro_batches[0]['input_ids'].shape[0],
+            forward_only=forward_only)
+
+    def zero_grad(self) -> None:
+        for m in self.models:
+            if hasattr(m, 'zero_grad_buffer'):
+                m.zero_grad_buffer()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
+
+    def optimizer_step(self) -> Dict[str, float]:
+        """Apply the accumulated gradients; returns ``grad_norm`` / ``update_successful`` where the optimizer reports
+        them (megatron's does)."""
+        if self.optimizer is None:
+            raise ValueError('MegatronCritic has no optimizer (pass one to the constructor to train).')
+        result = self.optimizer.step()
+        if isinstance(result, tuple):  # megatron: (update_successful, grad_norm, num_zeros_in_grad)
+            return {'update_successful': bool(result[0]), 'grad_norm': float(result[1] or 0.0)}
+        return {}
+
+    # ---- driver API ---------------------------------------------------------------------------------------------
+    def compute_values(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token values [B, S-1] (fp32, no grad; 0 where the token or the next token is padding), returned on
+        every rank (broadcast from the last pipeline stage over the pipeline group)."""
+        for m in self.models:
+            m.eval()
+        with torch.no_grad():
+            out = self.forward_backward_step(batch, forward_only=True)
+        B, S = batch['input_ids'].shape
+        values = torch.cat([o['values'] for o in out]) if out else None
+        values = self._from_last_stage(values, (B, S - 1))
+        _, start = left_align({k: batch.get(k) for k in ('input_ids', 'attention_mask')})
+        return unalign_values(values, start, batch.get('attention_mask'))
+
+    def update_critic(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """One optimizer step on ``batch`` (zero grads, forward/backward over its micro-batches, step). Returns the
+        metrics of the batch (values before the step), on every rank: ``value_loss`` (token mean),
+        ``explained_variance``, ``value_mean``, ``returns_mean``, the loss function's own metrics (mean over
+        micro-batches), ``grad_norm``."""
+        for m in self.models:
+            m.train()
+        self.zero_grad()
+        out = self.forward_backward_step(batch, forward_only=False)
+        step = self.optimizer_step()
+        metrics = None
+        if out:
+            sums = {k: sum(o[f'sum_{k}'] for o in out) for k in STAT_KEYS}
+            n = sums['n'].clamp(min=1)
+            extra = sorted(set(out[0]) - {'loss'} - {f'sum_{k}' for k in STAT_KEYS})
+            metrics = torch.stack([
+                sum(o['loss'] for o in out) / n,
+                explained_variance_from_sums(sums),
+                sums['v'] / n,
+                sums['r'] / n,
+                *[sum(o[k] for o in out) / len(out) for k in extra],
+            ]).float()
+            names = ['value_loss', 'explained_variance', 'value_mean', 'returns_mean', *extra]
+        else:
+            names = None
+        names = self._object_from_last_stage(names)
+        metrics = self._from_last_stage(metrics, (len(names), ))
+        result = {k: float(v) for k, v in zip(names, metrics)}
+        result.update(step)
+        return result
+
+    # ---- pipeline broadcast -------------------------------------------------------------------------------------
+    @staticmethod
+    def _pp():
+        from megatron.core import parallel_state as mpu
+        if mpu.get_pipeline_model_parallel_world_size() == 1:
+            return None
+        return mpu.get_pipeline_model_parallel_group(), mpu.get_pipeline_model_parallel_last_rank()
+
+    def _from_last_stage(self, tensor, shape):
+        pp = self._pp()
+        if pp is None:
+            return tensor
+        group, src = pp
+        device = next(self.models[0].parameters()).device
+        if tensor is None:
+            tensor = torch.empty(shape, dtype=torch.float32, device=device)
+        tensor = tensor.float().contiguous().to(device)
+        dist.broadcast(tensor, src=src, group=group)
+        return tensor
+
+    def _object_from_last_stage(self, obj):
+        pp = self._pp()
+        if pp is None:
+            return obj
+        group, src = pp
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]

@@ -1,0 +1,157 @@
+"""The Megatron side of ``llama3_2_critic``: config, GPTModel, loader and bridge for mcore-bridge.
+
+Design: the critic reuses mcore-bridge's own sequence-classification path instead of a hand-written head.
+``CriticModelConfig`` pins ``task_type='seq_cls'``, ``num_labels=1`` and untied embeddings, so mcore-bridge's
+GPTModel builds, on every post_process chunk (the last pipeline stage, each VPP chunk with ``post_process``),
+``output_layer = OutputLayerLinear(H, 1, bias=False, parallel_mode='duplicated')`` instead of the vocab-parallel LM
+head, and its forward returns that layer's per-token output ``[B, S, 1]`` (``labels`` are ignored for seq_cls: no
+LM loss). What this buys, all upstream code:
+  * TP: the head is replicated ('duplicated' TELinear: no TP split, initialised from the data-parallel RNG, so it
+    is the same on every TP rank); without sequence parallel every TP rank sees every token and the gradients are
+    equal; with sequence parallel the TELinear marks its weight ``sequence_parallel`` and megatron's
+    finalize_model_grads all-reduces it over TP; the values are gathered over the sequence after the head
+    (``gather_from_sequence_parallel_region``; gathering before or after a per-token linear map is the same);
+  * PP: only post_process stages have ``output_layer``; the others return hidden states;
+  * checkpoints: ``output_layer.weight`` is in the mcore distributed checkpoint (replicated tensor), and mcore-bridge
+    maps it to/from the HF key ``score.weight`` for seq_cls (HF ``LlamaForTokenClassification``).
+The module keeps upstream's name ``output_layer`` (``CriticGPTModel.value_head`` is an alias), so all of the above
+and ms-swift's export apply unchanged. What this module adds on top:
+  * the head is zero-initialised at construction (see ``init_value_head``) and, when a checkpoint has no head,
+    set explicitly with a loud warning: mcore-bridge skips ``score.weight`` silently when it is absent, which would
+    leave whatever the constructor produced (``torch.empty`` memory under ms-swift's default
+    ``--perform_initialization false``);
+  * ``CriticBridge.load_weights`` checks every key and shape of the HF dir before loading (swift_plt.critic.keys):
+    a causal LM (its ``lm_head.weight`` is expected and dropped) or an existing critic (its head is loaded), nothing
+    else;
+  * ``CriticBridge._set_weight`` copies the ``[1, H]`` head as is: mcore-bridge 1.6.5 treats ``output_layer.weight``
+    as a vocabulary matrix and pads its rows to a multiple of TP (``[1, H]`` -> ``[2, H]`` at TP=2, which then no
+    longer fits the replicated ``[1, H]`` parameter);
+  * the exported HF config is a ``LlamaForTokenClassification`` with ``num_labels=1``, ``tie_word_embeddings=False``
+    and ``token_classification_bias=False`` (plain transformers builds ``score`` without bias and loads it exactly).
+
+Head initialisation (no head in the checkpoint): zeros. Every value is 0 at step 0 (no random offset the critic has
+to unlearn, a neutral baseline for the first advantages), the head's gradient sum_t (dL/dv_t) h_t is non-zero so it
+trains from the first step (the trunk receives gradient from the second step on), and zeros are identical on every
+TP/PP/DP layout and seed, so runs on different layouts start from the same critic.
+
+Not supported (refused in ``CriticModelConfig`` with a message): context parallel (the per-token values of a CP
+rank are a zigzag slice of the sequence, and ``values()``'s shift by one token crosses slice boundaries), MTP,
+patch-level training (``--patch_size`` > 1 is refused by swift_plt.arguments for any model type but
+``llama3_2_plt``).
+"""
+from dataclasses import dataclass
+
+import torch
+from mcore_bridge.bridge import GPTBridge
+from mcore_bridge.config import ModelConfig
+from mcore_bridge.model import GPTModel
+from mcore_bridge.model.register import ModelLoader
+from mcore_bridge.utils import get_logger, unwrap_model
+
+from . import CRITIC_MODEL_TYPE
+from .keys import HEAD_KEY, check_critic_keys, critic_hf_config, read_safetensors_shapes
+
+logger = get_logger()
+
+HEAD_INIT = 'zeros'
+
+
+def values(output: torch.Tensor) -> torch.Tensor:
+    """Per-token critic output ``[B, S, 1]`` -> values of the first S-1 positions ``[B, S-1]``."""
+    return output[:, :-1].squeeze(-1)
+
+
+@dataclass
+class CriticModelConfig(ModelConfig):
+
+    def __post_init__(self):
+        unsupported = {
+            'context_parallel_size > 1 (use TP/PP/DP)': self.context_parallel_size > 1,
+            'mtp_num_layers (no multi-token prediction for a critic)': bool(self.mtp_num_layers),
+            f'task_type={self.task_type} (the critic is seq_cls with num_labels=1)':
+            self.task_type not in ('causal_lm', 'seq_cls'),
+            f'num_labels={self.num_labels} (a critic has one value per token)': self.num_labels not in (None, 1),
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(f'{CRITIC_MODEL_TYPE} does not support: {"; ".join(bad)}.')
+        self.task_type = 'seq_cls'
+        self.num_labels = 1
+        self.untie_embeddings_and_output_weights = True
+        if self.hf_config is not None:
+            self.hf_config = critic_hf_config(self.hf_config)
+        super().__post_init__()
+
+
+def init_value_head(weight: torch.Tensor) -> None:
+    """The documented scheme for a head the checkpoint does not have (module docstring): zeros."""
+    with torch.no_grad():
+        weight.zero_()
+
+
+class CriticGPTModel(GPTModel):
+    """mcore-bridge GPTModel whose post_process ``output_layer`` is the ``[1, H]`` value head (see module doc)."""
+    config: CriticModelConfig
+
+    is_critic = True
+
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        # True while loading a causal-LM mcore checkpoint (patches/swift_megatron_utils_megatron_lm_utils.py): the
+        # head is then left out of the sharded state dict and initialised instead.
+        self.checkpoint_without_head = False
+        if self.post_process:
+            assert tuple(self.output_layer.weight.shape) == (1, config.hidden_size), self.output_layer.weight.shape
+            init_value_head(self.output_layer.weight)
+
+    def sharded_state_dict(self, prefix='', sharded_offsets=(), metadata=None):
+        sharded = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        key = f'{prefix}output_layer.weight'
+        if key in sharded:
+            if self.checkpoint_without_head:
+                del sharded[key]
+            else:
+                # megatron's LanguageModule allows a shape mismatch here (vocabulary padding of an LM head); for the
+                # [1, H] head a mismatch means a wrong checkpoint (e.g. an LM head [V, H]): let dist-checkpointing
+                # refuse it instead of loading part of it.
+                sharded[key].allow_shape_mismatch = False
+        return sharded
+
+    @property
+    def value_head(self):
+        """The ``Linear(hidden, 1, bias=False)`` value head (post_process stages only, else None)."""
+        return self.output_layer if self.post_process else None
+
+
+class CriticModelLoader(ModelLoader):
+    model_cls = CriticGPTModel
+
+
+class CriticBridge(GPTBridge):
+    """mcore-bridge's GPTBridge with the critic's key checks and the ``[1, H]`` head copied as is."""
+
+    def load_weights(self, mg_models, hf_model_dir: str, peft_format: bool = False, *args, **kwargs):
+        head = None
+        if not peft_format:
+            head = check_critic_keys(
+                read_safetensors_shapes(hf_model_dir), self.config.hf_config, source=f'HF checkpoint {hf_model_dir}')
+        result = super().load_weights(mg_models, hf_model_dir, peft_format, *args, **kwargs)
+        if head == 'missing':
+            models = unwrap_model(mg_models)
+            for model in models if isinstance(models, list) else [models]:
+                if model.post_process:
+                    init_value_head(model.output_layer.weight)
+            logger.warning(f'[swift-plt] {CRITIC_MODEL_TYPE}: {hf_model_dir} has no value head ({HEAD_KEY}): '
+                           f'initialised the value head with {HEAD_INIT} (a causal LM: its lm_head is dropped).')
+        return result
+
+    def _set_weight(self, mg_param, hf_weight, mg_key, offset=0, is_expert=False, **kwargs):
+        if mg_key == 'output_layer.weight':
+            params = mg_param if isinstance(mg_param, (list, tuple)) else [mg_param]
+            for param in params:
+                if tuple(hf_weight.shape) != tuple(param.shape):
+                    raise ValueError(f'{CRITIC_MODEL_TYPE}: value head {HEAD_KEY} has shape '
+                                     f'{list(hf_weight.shape)}, the model needs {list(param.shape)}.')
+                param.data.copy_(hf_weight)
+            return
+        return super()._set_weight(mg_param, hf_weight, mg_key, offset, is_expert, **kwargs)

@@ -1,0 +1,115 @@
+"""``MegatronCriticTrainer``: ms-swift's Megatron trainer with the masked value loss (``megatron sft``/``pt`` with
+``--model_type llama3_2_critic``; chosen by patches/swift_megatron_pipelines_train_sft.py).
+
+Everything else (data loading, schedules, optimizer, checkpointing, logging) is upstream's MegatronTrainer. The batch
+carries token-aligned ``returns``/``old_values`` next to ``labels`` (patches/swift_template.py); here they become
+value-aligned (swift_plt.critic.data.value_targets) before upstream's batch preparation rolls/slices the rest, and
+the model is called without labels, so its output is the per-token values [B, S, 1] on the last pipeline stage.
+
+Loss per micro-batch: (sum of per-token value losses, number of value tokens), the form of upstream's LM loss, so
+megatron normalises by the global token count (``calculate_per_token_loss``, ms-swift's default for causal_lm) or
+per micro-batch otherwise, exactly as for the LM loss. Logged: ``loss`` (= ``value_loss``), ``value_loss``,
+``explained_variance``, ``value_mean``, ``returns_mean`` (+ ``value_clipfrac`` with --value_clip_range), reduced
+over data-parallel ranks from sums (swift_plt.critic.loss.value_stats).
+"""
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from megatron.core import mpu
+from megatron.core.utils import get_attr_wrapped_model
+
+from swift.megatron.trainers import MegatronTrainer
+from swift.utils import get_current_device, to_device
+from .data import value_targets
+from .loss import explained_variance_from_sums, masked_value_losses, value_losses, value_stats
+
+# what upstream's batch preparation and the model take; other collated keys (row fields kept because critic runs set
+# remove_unused_columns=False, e.g. "dataset", "add_eos") are dropped.
+_BATCH_KEYS = {
+    'input_ids', 'position_ids', 'attention_mask', 'attention_mask_2d', 'labels', 'loss_scale', 'seq_lens',
+    'num_samples', 'text_position_ids'
+}
+TARGET_KEYS = ('value_mask', 'returns', 'old_values')
+# logged pairs [sum, count]; '_'-prefixed ones only feed explained_variance and are not printed
+_SUM_KEYS = ('loss', 'value_mean', 'returns_mean', 'value_clipfrac', '_r2', '_d', '_d2')
+
+
+def critic_loss_func(output_tensor, *, value_mask, returns, old_values=None, clip_range=None):
+    """Megatron loss function of one micro-batch: ``(loss_sum, num_tokens, metrics)``."""
+    values = output_tensor.squeeze(-1).float()  # [B, S]: position t = value of the state after token t
+    if values.shape != returns.shape:
+        raise ValueError(f'critic: model output {tuple(output_tensor.shape)} does not match the batch '
+                         f'{tuple(returns.shape)} (expected per-token values [B, S, 1])')
+    losses = masked_value_losses(values, returns, value_mask, old_values, clip_range)
+    n = value_mask.sum().float()
+    s = value_stats(values, returns, value_mask)
+    metrics = {
+        'loss': torch.stack([losses.detach().sum(), n]),
+        'value_mean': torch.stack([s['v'], n]),
+        'returns_mean': torch.stack([s['r'], n]),
+        '_r2': torch.stack([s['r2'], n]),
+        '_d': torch.stack([s['d'], n]),
+        '_d2': torch.stack([s['d2'], n]),
+    }
+    if clip_range is not None:
+        unclipped = 0.5 * (values.detach() - returns)**2
+        clipped = value_losses(values.detach(), returns, old_values, clip_range) > unclipped
+        metrics['value_clipfrac'] = torch.stack([(clipped & value_mask.bool()).float().sum(), n])
+    return losses.sum(), n.to(torch.int), metrics
+
+
+def finish_logs(logs: dict) -> None:
+    """[sum, count] pairs (already summed over micro-batches, steps and ranks) -> the logged critic metrics."""
+    if 'loss' not in logs:
+        return
+    sums = {k: logs.pop(k) for k in _SUM_KEYS if k in logs}
+    n = sums['loss'][1]
+    stats = {'n': n, 'r': sums['returns_mean'][0], 'r2': sums['_r2'][0], 'd': sums['_d'][0], 'd2': sums['_d2'][0]}
+    logs['loss'] = sums['loss']
+    logs['value_loss'] = sums['loss'].clone()
+    logs['explained_variance'] = explained_variance_from_sums(stats)
+    for k in ('value_mean', 'returns_mean', 'value_clipfrac'):
+        if k in sums:
+            logs[k] = sums[k]
+
+
+class MegatronCriticTrainer(MegatronTrainer):
+
+    def _prepare_batch(self, data, vp_stage=None):
+        returns, old_values = data.pop('returns', None), data.pop('old_values', None)
+        if returns is None:
+            raise ValueError('critic: the batch has no "returns" (the critic template patch did not run; is the '
+                             f'model type {self.args.model_type} and the plugin enabled?)')
+        targets = value_targets(data['labels'], returns, old_values)  # before upstream rolls the labels
+        data = {k: v for k, v in data.items() if k in _BATCH_KEYS}
+        batch = super()._prepare_batch(data, vp_stage)
+        batch.pop('labels', None)  # the value model is called without labels: its output is the values
+        batch.pop('loss_scale', None)
+        if mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage):
+            batch.update(to_device(targets, get_current_device()))
+        return batch
+
+    def forward_step(self, data_iterator, model):
+        vp_stage = get_attr_wrapped_model(model, 'vp_stage')
+        data = self.get_batch(data_iterator, vp_stage)
+        targets = {k: data.pop(k, None) for k in TARGET_KEYS}
+        output_tensor = model(**data)
+        loss_func = partial(critic_loss_func, clip_range=self.args.value_clip_range, **targets)
+        return output_tensor, loss_func
+
+    def _log_callback(self, logs, n_steps):
+        if mpu.is_pipeline_last_stage(ignore_virtual=True):
+            # every last-stage rank enters the collective with the same keys (zeros where a rank saw no value token)
+            keys = [k for k in _SUM_KEYS if k != 'value_clipfrac' or self.args.value_clip_range is not None]
+            zeros = torch.zeros(2, dtype=torch.float32, device=get_current_device())
+            stacked = torch.stack([logs.get(k, zeros).float() for k in keys])
+            dist.all_reduce(stacked, group=mpu.get_data_parallel_group(with_context_parallel=True))
+            if stacked[0, 1] > 0:
+                logs.update({k: stacked[i] for i, k in enumerate(keys)})
+                finish_logs(logs)
+            else:
+                for k in keys:
+                    logs.pop(k, None)
+        # skip MegatronTrainer._log_callback (it would all-reduce `loss` a second time): upstream's base logging
+        super(MegatronTrainer, self)._log_callback(logs, n_steps)

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Critic training (issue 4) on GPU, one command, on an `nvidia-h200-x2` device machine, from the repo root:
+#     bash tests/gpu/critic_train.sh     (device tool: kind='nvidia-h200-x2', carry=['.gpu_kit'], $OUT set by it)
+# Writes every log to $OUT and the results to $OUT/critic_train_summary.txt (appended as each step finishes).
+#   0. setup: .gpu_kit, plugin install, tiny Llama (.gpu_kit/make_tiny_llama.py), critic rows
+#      (tests/harness/critic_rows.py), a tiny critic with a random value head N(0, 0.05) (harness make_tiny_critic)
+#   1. (at once) GPU0: `megatron sft --model_type llama3_2_critic` 60 iters bf16 on scalar rewards, saving the mcore
+#      checkpoint (with optimizer) at 30 and 60 -> CURVE (value_loss first/last, explained variance, value_mean);
+#      GPU1: the clipped value loss (--value_clip_range 0.2) on per-token returns + old values, 20 iters -> CURVE;
+#      then GPU1: MegatronCritic on 1 GPU (tests/gpu/critic_checks.py)
+#   2. GPU0: resume from checkpoint-30 (--mcore_model ... --finetune false), iterations 31..60 -> RESUME (same losses
+#      as the uninterrupted run within bf16 tolerance, head loaded)
+#   3. GPUs 0,1: MegatronCritic TP=2 (2 micro-batches), then PP=2 (4 micro-batches) -> ENGINE lines vs 1 GPU
+# Budget: BUDGET seconds (default 540). env: BUDGET, CRITIC_WORK (scratch dir), EXTRA_SFT_ARGS (appended to every
+# `megatron sft`), ENGINE_DTYPE (bf16) and ENGINE_MG_KWARGS (JSON, extra MegatronArguments) of the engine runs; the
+# last two and EXTRA_SFT_ARGS are for a CPU dry run under tests/harness.
+set -o pipefail
+set -m
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 1
+# shellcheck disable=SC1091
+source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin
+gpu_init /tmp/critic_gpu_out critic_train_summary.txt "${CRITIC_WORK:-/tmp/critic_gpu}" 540
+CHECK="python3 tests/gpu/critic_checks.py"
+bounded() { # bounded CAP_S CMD...: run CMD for at most min(CAP_S, budget left) seconds
+  local t
+  t=$(cap "$1")
+  shift
+  timeout -k 10 "$t" "$@"
+}
+
+# ------------------------------------------------------------------------------------------------------ 0. setup
+say "== swift-plt critic training GPU checks, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null)"
+say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
+# shellcheck disable=SC1091
+if ! source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1; then
+  say "0 setup: FAILED to source .gpu_kit/setup_device.sh (see setup_kit.log); stopping"
+  exit 1
+fi
+install_plugin >"$OUT/pip_install.log" 2>&1
+say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); $(now)"
+python3 .gpu_kit/make_tiny_llama.py --out "$W/tiny" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
+TINY=$W/tiny/model
+python3 tests/harness/critic_rows.py "$W/reward.jsonl" reward 512 &&
+  python3 tests/harness/critic_rows.py "$W/returns.jsonl" returns 256 &&
+  python3 -c "import sys; sys.path.insert(0, 'tests'); from harness.tiny import make_tiny_critic
+make_tiny_critic('$W/critic', '$TINY', head_std=0.05)" >"$OUT/make_critic.log" 2>&1
+say "0 data: rc=$? tiny model $(grep -E '^model:' "$OUT/make_tiny.log" | head -1); $(now)"
+
+COMMON=(--model "$TINY" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
+  --template chatml --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42
+  --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --bf16 true --logging_steps 1 --save_safetensors false
+  --dataloader_num_workers 2 --dataset_num_proc 4)
+sft() { # sft NAME GPUS PORT -- args...
+  local name=$1 gpus=$2 port=$3
+  shift 4
+  mkdir -p "$W/runs/$name" "$W/cache/$name"
+  CUDA_VISIBLE_DEVICES=$gpus NPROC_PER_NODE=1 MASTER_PORT=$port HF_DATASETS_CACHE="$W/cache/$name/hf" \
+    MODELSCOPE_CACHE="$W/cache/$name/ms" bounded 300 megatron sft "${COMMON[@]}" --output_dir "$W/runs/$name" \
+    "$@" ${EXTRA_SFT_ARGS:-} >"$OUT/$name.log" 2>&1
+  echo "rc=$?"
+}
+engine() { # engine NAME GPUS NPROC -- args...
+  local name=$1 gpus=$2 nproc=$3
+  shift 4
+  CUDA_VISIBLE_DEVICES=$gpus bounded 240 torchrun --nproc_per_node "$nproc" --master_port $((29700 + RANDOM % 200)) \
+    tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/engine_$name.json" --dtype "${ENGINE_DTYPE:-bf16}" \
+    --mg-kwargs "${ENGINE_MG_KWARGS:-{\}}" "$@" >"$OUT/engine_$name.log" 2>&1
+  echo "rc=$?"
+}
+
+# ------------------------------------------------------------------------------------- 1. CLI training (2 GPUs)
+say "== 1: megatron sft critic runs (GPU0: 60 it, GPU1: clipped 20 it, then engine on 1 GPU), $(now)"
+(sft main 0 29661 -- --dataset "$W/reward.jsonl" --train_iters 60 --save_steps 30 >"$W/main.rc") &
+P_MAIN=$!
+(
+  sft clip 1 29662 -- --dataset "$W/returns.jsonl" --train_iters 20 --value_clip_range 0.2 --save_steps 100000 \
+    --no_save_optim true --no_save_rng true >"$W/clip.rc"
+  engine 1gpu 1 1 -- >"$W/engine_1gpu.rc"
+) &
+P_CLIP=$!
+wait $P_MAIN $P_CLIP
+say "-- main $(cat "$W/main.rc"), clipped $(cat "$W/clip.rc"), engine 1 GPU $(cat "$W/engine_1gpu.rc"); $(now)"
+$CHECK --curve "main (scalar rewards 0.5/1.5, 60 it, bf16)" "$OUT/main.log" 2>&1 | tee -a "$SUM"
+$CHECK --curve "clipped (per-token returns, --value_clip_range 0.2, 20 it)" "$OUT/clip.log" --min-drop 0.9 2>&1 |
+  tee -a "$SUM"
+grep -h '^ENGINE_RUN' "$OUT/engine_1gpu.log" | tee -a "$SUM"
+
+# ----------------------------------------------------------------------------------------------------- 2. resume
+CKPT=$(ls -d "$W"/runs/main/*/checkpoint-30 2>/dev/null | head -1)
+say "== 2: resume from ${CKPT:-(no checkpoint-30)}, $(now)"
+if [ -n "$CKPT" ]; then
+  # (not --no_save_optim here: with it ms-swift 4.6 fails to load the saved optimizer state, KeyError 'params')
+  say "-- resumed $(sft resumed 0 29663 -- --dataset "$W/reward.jsonl" --train_iters 60 --save_steps 100000 \
+    --mcore_model "$CKPT" --finetune false); $(now)"
+  $CHECK --resume "main from checkpoint-30" "$OUT/main.log" "$OUT/resumed.log" 2>&1 | tee -a "$SUM"
+fi
+
+# ------------------------------------------------------------------------------------------- 3. engine TP=2, PP=2
+say "== 3: MegatronCritic TP=2 and PP=2 vs 1 GPU (bf16), $(now)"
+say "-- tp2 $(engine tp2 0,1 2 -- --tp 2 --micro-batch-size 2); $(now)"
+say "-- pp2 $(engine pp2 0,1 2 -- --pp 2 --micro-batch-size 1); $(now)"
+grep -h '^ENGINE_RUN' "$OUT/engine_tp2.log" "$OUT/engine_pp2.log" | tee -a "$SUM"
+$CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_tp2.json" "$OUT/engine_pp2.json" 2>&1 | tee -a "$SUM"
+say "== done, $(now)"
+exit 0
