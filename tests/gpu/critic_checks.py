@@ -50,7 +50,8 @@ def build(model_dir, tp, pp, dtype, mg_kwargs):
     kw = dict(model=model_dir, model_type='llama3_2_critic', torch_dtype=dtype, bf16=dtype == torch.bfloat16,
               fp16=False, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, padding_free=False,
               recompute_granularity='none', seed=42, micro_batch_size=1, global_batch_size=1, finetune=True,
-              no_save_optim=True, no_save_rng=True, no_load_optim=True, no_load_rng=True)
+              no_save_optim=True, no_save_rng=True, no_load_optim=True, no_load_rng=True,
+              attention_backend='fused')  # ms-swift's default (flash) needs flash-attn, which the H200 kit lacks
     kw.update(mg_kwargs)
     args = MegatronArguments(**kw)
     hf_config = get_processor(model_dir, model_type='llama3_2_critic').model_info.config

@@ -49,7 +49,7 @@ make_tiny_critic('$W/critic', '$TINY', head_std=0.05)" >"$OUT/make_critic.log" 2
 say "0 data: rc=$? tiny model $(grep -E '^model:' "$OUT/make_tiny.log" | head -1); $(now)"
 
 COMMON=(--model "$TINY" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
-  --template chatml --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42
+  --template chatml --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42 --attention_backend fused
   --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --bf16 true --logging_steps 1 --save_safetensors false
   --dataloader_num_workers 2 --dataset_num_proc 4)
 sft() { # sft NAME GPUS PORT -- args...
