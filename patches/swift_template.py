@@ -10,7 +10,8 @@ the padding. ``--max_length`` is required to be a multiple of K, so padding neve
 Critic (``template.critic_clipped`` not None, set for --model_type llama3_2_critic): the row's "returns"/"reward"/
 "old_values" become token-aligned float lists next to ``labels`` (swift_plt.critic.data.encode_targets, which
 validates them while the dataset is encoded, before step 1), and the collator lays them out like ``input_ids``
-(padded or padding-free). Otherwise both methods return upstream's result untouched."""
+(padded or padding-free; under Megatron context parallel each row is padded to the collator's CP row length,
+``Template._get_megatron_cp_length``, before packing, as upstream pads input_ids/labels). Otherwise both methods return upstream's result untouched."""
 import functools
 
 from ._guard import check_once, guard
@@ -40,6 +41,7 @@ def apply(module):
     cls = module.Template
     upstream = guard(cls, '_encode_truncated', ['self', 'inputs'], VERIFIED)
     upstream_collator = guard(cls, '_data_collator', ['self', 'batch'], VERIFIED)
+    guard(cls, '_get_megatron_cp_length', ['self', 'length'], VERIFIED)  # row padding under CP (critic collate)
     if getattr(upstream, '_swift_plt', False):
         return
     from swift_plt.critic.data import TARGET_KEYS, TOKEN_KEYS, collate_token_lists, encode_targets
@@ -71,7 +73,10 @@ def apply(module):
         res = upstream_collator(self, batch, padding_to=padding_to)
         if lists:
             length = res['input_ids'].shape[-1]
-            res.update({k: collate_token_lists(v, length, self.padding_free) for k, v in lists.items()})
+            res.update({
+                k: collate_token_lists(v, length, self.padding_free, self._get_megatron_cp_length)
+                for k, v in lists.items()
+            })
         return res
 
     _data_collator._swift_plt = True

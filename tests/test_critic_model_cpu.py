@@ -152,7 +152,6 @@ def test_init_from_causal_lm_zeroes_head_with_warning_and_refuses_bad_checkpoint
 
 
 UNSUPPORTED = {
-    'context_parallel_size': 'llama3_2_critic does not support: context_parallel_size > 1 (use TP/PP/DP)',
     'mtp_num_layers': 'llama3_2_critic does not support: mtp_num_layers',
     'num_labels': 'llama3_2_critic does not support: num_labels=2 (a critic has one value per token)',
 }
@@ -168,7 +167,7 @@ def _causal_and_bad(lms, input_ids, head, bad):
         out[name]['out_with_head'] = mcore_logits(models, input_ids)
     for name, path in bad.items():
         out[name] = _critic_run_zeroed(path, input_ids)
-    for key, value in (('context_parallel_size', 2), ('mtp_num_layers', 1), ('num_labels', 2)):
+    for key, value in (('mtp_num_layers', 1), ('num_labels', 2)):
         try:
             build_mcore_model(lms['untied'], mcore_model_type='llama3_2_critic', extra_config={key: value},
                               load_weights=False)

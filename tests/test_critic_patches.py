@@ -40,7 +40,6 @@ def test_critic_run_keeps_row_fields_and_is_strict():
 
 @pytest.mark.parametrize('kw, message', [
     (dict(packing=True), '--packing true'),
-    (dict(context_parallel_size=2), '--context_parallel_size > 1'),
     (dict(lazy_tokenize=True), '--lazy_tokenize/--streaming'),
     (dict(streaming=True), '--lazy_tokenize/--streaming'),
     (dict(truncation_strategy='left'), '--truncation_strategy left'),

@@ -35,8 +35,6 @@ def resolve_critic_args(args) -> None:
                         'use the default causal_lm)')
     if getattr(args, 'packing', False):
         problems.append('--packing true (use the default padding-free batches, or --padding_free false)')
-    if getattr(args, 'context_parallel_size', 1) > 1:
-        problems.append('--context_parallel_size > 1 (not supported for the critic; use TP/PP/DP)')
     if getattr(args, 'lazy_tokenize', False) or getattr(args, 'streaming', False):
         problems.append('--lazy_tokenize/--streaming (critic rows are validated when the dataset is encoded, '
                         'before step 1; drop them)')

@@ -24,7 +24,7 @@ The first token of every document is never a response token (ms-swift labels it 
 no value is trained across a document boundary.
 """
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -113,12 +113,18 @@ def _scatter(values: List[float], positions: List[int], length: int) -> List[flo
     return out
 
 
-def collate_token_lists(rows: List[Optional[List[float]]], length: int, padding_free: bool) -> torch.Tensor:
+def collate_token_lists(rows: List[Optional[List[float]]],
+                        length: int,
+                        padding_free: bool,
+                        row_length: Optional[Callable[[int], int]] = None) -> torch.Tensor:
     """Token-aligned float lists of a micro-batch -> the tensor laid out like the collator's ``input_ids``:
     ``[B, length]`` right-padded with 0 (padded batches), or ``[1, length]`` of the rows concatenated in order then
-    padded with 0 (padding-free / THD, ms-swift's ``packing_row`` order)."""
+    padded with 0 (padding-free / THD, ms-swift's ``packing_row`` order). ``row_length(n)``: the length the collator
+    pads a row of n tokens to before packing (ms-swift's ``Template._get_megatron_cp_length``: a multiple of
+    2 x context-parallel size under CP, n otherwise); each row is padded with 0 to it, so the rows stay aligned with
+    their tokens in the packed sequence."""
     if padding_free:
-        flat = [x for r in rows for x in r]
+        flat = [x for r in rows for x in list(r) + [0.0] * ((row_length(len(r)) if row_length else len(r)) - len(r))]
         if len(flat) > length:
             raise ValueError(f'critic collate: {len(flat)} tokens do not fit the packed length {length}')
         return torch.tensor([flat + [0.0] * (length - len(flat))], dtype=torch.float32)

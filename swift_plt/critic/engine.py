@@ -17,6 +17,9 @@ Alignment (swift_plt.critic.data): ``values[:, t]`` is the value of the state af
 return of token t+1; for a response of R tokens at the end of the sequence, ``values[:, -R:]`` (verl's
 ``values[:, -R-1:-1]`` of the [B, S] output). ``response_to_values`` places [B, R] response tensors there.
 
+Context parallel is refused (``ValueError`` at construction): batches are whole ``[B, S]`` sequences; CP is
+supported for training with ``megatron sft`` (swift_plt.critic.trainer).
+
 Loss function (``set_loss_fn``): ``fn(values [b, S-1] fp32, micro_batch) -> (loss, metrics)`` where ``loss`` is the
 mean over the micro-batch's value tokens (``value_mask``); the engine weights micro-batches by their token counts,
 so the step minimises the token mean over the whole batch whatever the micro-batch size. The default is
@@ -131,6 +134,12 @@ class MegatronCritic:
         self.clip_range = clip_range
         self.loss_fn = loss_fn or self.default_loss_fn
         config = get_model_config(self.models[0])
+        if getattr(config, 'context_parallel_size', 1) > 1:
+            raise ValueError(f'MegatronCritic does not support context parallel (context_parallel_size='
+                             f'{config.context_parallel_size}): its batches are whole [B, S] sequences and values() '
+                             'shifts by one token, which would cross CP slices. Build the engine\'s model with '
+                             'context_parallel_size=1 (use TP/PP/DP); CP is supported for critic training with '
+                             '`megatron sft --model_type llama3_2_critic`.')
         if optimizer is not None and hasattr(optimizer, 'scale_loss') and config.grad_scale_func is None:
             config.grad_scale_func = optimizer.scale_loss
         if hasattr(self.models[0], 'zero_grad_buffer') and config.finalize_model_grads_func is None:

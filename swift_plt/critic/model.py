@@ -34,10 +34,13 @@ to unlearn, a neutral baseline for the first advantages), the head's gradient su
 trains from the first step (the trunk receives gradient from the second step on), and zeros are identical on every
 TP/PP/DP layout and seed, so runs on different layouts start from the same critic.
 
-Not supported (refused in ``CriticModelConfig`` with a message): context parallel (the per-token values of a CP
-rank are a zigzag slice of the sequence, and ``values()``'s shift by one token crosses slice boundaries), MTP,
-patch-level training (``--patch_size`` > 1 is refused by swift_plt.arguments for any model type but
-``llama3_2_plt``).
+Context parallel: the model runs as any GPTModel under CP (each CP rank outputs the values of its slice of the
+sequence); training (``megatron sft``, swift_plt.critic.trainer) shifts the targets to value positions before the CP
+split, so each value/target pair is local to a rank. The ``MegatronCritic`` engine refuses CP (its ``values()``
+shift by one token would cross CP slice boundaries; see swift_plt.critic.engine).
+
+Not supported (refused in ``CriticModelConfig`` with a message): MTP, patch-level training (``--patch_size`` > 1 is
+refused by swift_plt.arguments for any model type but ``llama3_2_plt``).
 """
 from dataclasses import dataclass
 
@@ -66,7 +69,6 @@ class CriticModelConfig(ModelConfig):
 
     def __post_init__(self):
         unsupported = {
-            'context_parallel_size > 1 (use TP/PP/DP)': self.context_parallel_size > 1,
             'mtp_num_layers (no multi-token prediction for a critic)': bool(self.mtp_num_layers),
             f'task_type={self.task_type} (the critic is seq_cls with num_labels=1)':
             self.task_type not in ('causal_lm', 'seq_cls'),

@@ -10,7 +10,12 @@ Loss per micro-batch: (sum of per-token value losses, number of value tokens), t
 megatron normalises by the global token count (``calculate_per_token_loss``, ms-swift's default for causal_lm) or
 per micro-batch otherwise, exactly as for the LM loss. Logged: ``loss`` (= ``value_loss``), ``value_loss``,
 ``explained_variance``, ``value_mean``, ``returns_mean`` (+ ``value_clipfrac`` with --value_clip_range), reduced
-over data-parallel ranks from sums (swift_plt.critic.loss.value_stats).
+over data-parallel x context-parallel ranks from sums (swift_plt.critic.loss.value_stats).
+
+Context parallel: each CP rank receives its slice of the value-aligned targets (``split_targets_cp``, the same split
+upstream applies to the rolled labels), its per-token values are those of the same positions, so its loss sum and
+token count are local; megatron sums the token counts over DP x CP (finalize_model_grads) and the gradients over
+DP x CP, exactly as for upstream's LM loss, and the logged sums are reduced over DP x CP in ``_log_callback``.
 """
 from functools import partial
 
@@ -33,6 +38,22 @@ _BATCH_KEYS = {
 TARGET_KEYS = ('value_mask', 'returns', 'old_values')
 # logged pairs [sum, count]; '_'-prefixed ones only feed explained_variance and are not printed
 _SUM_KEYS = ('loss', 'value_mean', 'returns_mean', 'value_clipfrac', '_r2', '_d', '_d2')
+
+
+def split_targets_cp(targets: dict, packed_seq_params=None, cp_partition_mode: str = 'zigzag') -> dict:
+    """This context-parallel rank's slice of the value-aligned targets (identity without CP).
+
+    Upstream's ``get_batch_on_this_cp_rank`` slices only its own keys (labels, position_ids, loss_scale, input_ids);
+    the targets are sliced here with the same function and arguments (mcore-bridge ``split_cp_inputs`` along the
+    sequence, per packed sequence by ``cu_seqlens_q`` for THD, zigzag or contiguous), so position i of a rank's
+    targets belongs to position i of its tokens, values and rolled labels. The targets are already shifted to value
+    positions before the split (like upstream rolls the labels), so every value/target pair is local to one rank."""
+    if mpu.get_context_parallel_world_size() == 1:
+        return targets
+    from mcore_bridge import split_cp_inputs
+    kwargs = {'cp_partition_mode': 'contiguous'} if cp_partition_mode == 'contiguous' else {}
+    cu_seqlens = getattr(packed_seq_params, 'cu_seqlens_q', None)
+    return {k: None if v is None else split_cp_inputs(v, cu_seqlens, -1, **kwargs) for k, v in targets.items()}
 
 
 def critic_loss_func(output_tensor, *, value_mask, returns, old_values=None, clip_range=None):
@@ -87,7 +108,9 @@ class MegatronCriticTrainer(MegatronTrainer):
         batch.pop('labels', None)  # the value model is called without labels: its output is the values
         batch.pop('loss_scale', None)
         if mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage):
-            batch.update(to_device(targets, get_current_device()))
+            targets = to_device(targets, get_current_device())
+            batch.update(split_targets_cp(targets, batch.get('packed_seq_params'),
+                                          getattr(self.args, 'cp_partition_mode', 'zigzag')))
         return batch
 
     def forward_step(self, data_iterator, model):

@@ -6,6 +6,7 @@
 2. Summaries of `megatron sft` critic runs from their stdout logs (ms-swift's printed log dicts):
     python tests/gpu/critic_checks.py --curve NAME RUN.log                 # -> CURVE line
     python tests/gpu/critic_checks.py --resume NAME FULL.log RESUMED.log   # -> RESUME line
+    python tests/gpu/critic_checks.py --cp NAME REF_1GPU.log CP2.log       # -> CURVE + CP lines (critic_cp.sh)
 
 Model: MegatronArguments(model_type=llama3_2_critic, tp, pp, bf16) -> swift.megatron.model.get_mcore_model +
 bridge.load_weights -> swift's wrap_model (Float16Module + megatron DDP) -> get_megatron_optimizer (Adam, lr 1e-5).
@@ -172,6 +173,28 @@ def resume(name, full_path, resumed_path, tol):
     return ok
 
 
+def cp_match(name, ref_path, cp_path, ltol, min_drop):
+    """``megatron sft`` with --context_parallel_size 2 vs the same run on 1 GPU (same data, seed, start): step-1
+    value_loss within ltol (relative; bf16), and the CP run's value loss falling (``curve``)."""
+    ref, cp = _logs(ref_path), _logs(cp_path)
+    if not ref or not cp:
+        print(f'CP {name}: no training logs in {ref_path if not ref else cp_path} -> FAIL')
+        return False
+    a, b = ref[0]['value_loss'], cp[0]['value_loss']
+    rel = abs(b - a) / max(abs(a), 1e-12)
+    n = min(len(ref), len(cp), 5)
+    rel5 = max(abs(cp[i]['value_loss'] - ref[i]['value_loss']) / max(abs(ref[i]['value_loss']), 1e-12)
+               for i in range(n))
+    falling = curve(f'{name} (CP=2)', cp_path, min_drop)
+    ok = rel <= ltol and falling and len(cp) == len(ref)
+    print(f'CP {name}: step-1 value_loss CP=2 {b:.5f} vs 1 GPU {a:.5f} rel {rel:.3g} (tol {ltol}); value_mean '
+          f'{cp[0]["value_mean"]:.4f} vs {ref[0]["value_mean"]:.4f}, explained_variance '
+          f'{cp[0]["explained_variance"]:.4f} vs {ref[0]["explained_variance"]:.4f}; max rel diff of value_loss over '
+          f'the first {n} steps {rel5:.3g} (info); steps {len(cp)}/{len(ref)}; last value_loss {cp[-1]["value_loss"]:.4f}'
+          f' vs {ref[-1]["value_loss"]:.4f} -> {"OK" if ok else "FAIL"}')
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--model')
@@ -185,6 +208,7 @@ def main():
     ap.add_argument('--compare', nargs='+')
     ap.add_argument('--curve', nargs=2, metavar=('NAME', 'LOG'))
     ap.add_argument('--resume', nargs=3, metavar=('NAME', 'FULL_LOG', 'RESUMED_LOG'))
+    ap.add_argument('--cp', nargs=3, metavar=('NAME', 'REF_LOG', 'CP_LOG'))
     ap.add_argument('--rtol', type=float, default=5e-2)
     ap.add_argument('--min-drop', type=float, default=0.7, help='--curve: falling = mean(last) < this x mean(first)')
     ap.add_argument('--vtol', type=float, default=3e-2)  # bf16: values ~O(1), a few bf16 ulps through 2+ layers
@@ -194,6 +218,8 @@ def main():
         raise SystemExit(0 if compare(a.compare, a.vtol, a.ltol) else 1)
     if a.curve:
         raise SystemExit(0 if curve(*a.curve, a.min_drop) else 1)
+    if a.cp:
+        raise SystemExit(0 if cp_match(*a.cp, a.ltol, a.min_drop) else 1)
     if a.resume:
         raise SystemExit(0 if resume(*a.resume, a.rtol) else 1)
     run(a)

@@ -20,7 +20,7 @@ set -m
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
 # shellcheck disable=SC1091
-source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin
+source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin, critic_setup
 gpu_init /tmp/critic_gpu_out critic_train_summary.txt "${CRITIC_WORK:-/tmp/critic_gpu}" 540
 CHECK="python3 tests/gpu/critic_checks.py"
 bounded() { # bounded CAP_S CMD...: run CMD for at most min(CAP_S, budget left) seconds
@@ -32,21 +32,8 @@ bounded() { # bounded CAP_S CMD...: run CMD for at most min(CAP_S, budget left) 
 
 # ------------------------------------------------------------------------------------------------------ 0. setup
 say "== swift-plt critic training GPU checks, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null)"
-say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
-# shellcheck disable=SC1091
-if ! source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1; then
-  say "0 setup: FAILED to source .gpu_kit/setup_device.sh (see setup_kit.log); stopping"
-  exit 1
-fi
-install_plugin >"$OUT/pip_install.log" 2>&1
-say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); $(now)"
-python3 .gpu_kit/make_tiny_llama.py --out "$W/tiny" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
+critic_setup || exit 1 # -> $W/tiny/model, $W/reward.jsonl, $W/returns.jsonl, $W/critic
 TINY=$W/tiny/model
-python3 tests/harness/critic_rows.py "$W/reward.jsonl" reward 512 &&
-  python3 tests/harness/critic_rows.py "$W/returns.jsonl" returns 256 &&
-  python3 -c "import sys; sys.path.insert(0, 'tests'); from harness.tiny import make_tiny_critic
-make_tiny_critic('$W/critic', '$TINY', head_std=0.05)" >"$OUT/make_critic.log" 2>&1
-say "0 data: rc=$? tiny model $(grep -E '^model:' "$OUT/make_tiny.log" | head -1); $(now)"
 
 COMMON=(--model "$TINY" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
   --template chatml --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42 --attention_backend fused

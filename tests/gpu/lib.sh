@@ -5,6 +5,9 @@
 #     "t=<elapsed>s"
 #   install_plugin: pip-install this repo into the interpreter's site-packages (the .pth startup hook needs a real
 #     site dir); prints INSTALLED_BY=...
+#   critic_setup: (critic_train.sh, critic_cp.sh) machine line, .gpu_kit, plugin, tiny Llama $W/tiny/model, critic rows
+#     $W/reward.jsonl (512) and $W/returns.jsonl (256, with old_values), a tiny critic $W/critic with a random value
+#     head N(0, 0.05); logs in $OUT, lines in $SUM; returns 1 if the kit cannot be sourced
 gpu_init() {
   OUT=${OUT:-$1}
   mkdir -p "$OUT"
@@ -38,4 +41,20 @@ install_plugin() {
   [ -w "$sp" ] || sp=$(python3 -m site --user-site)
   mkdir -p "$sp" && rm -rf "$sp/swift_plt" && cp -r swift_plt "$sp/" && rm -rf "$sp/swift_plt/patches" &&
     cp -r patches "$sp/swift_plt/patches" && cp swift_plt_startup.pth "$sp/" && echo "INSTALLED_BY=copy($sp)"
+}
+critic_setup() {
+  say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
+  # shellcheck disable=SC1091
+  if ! source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1; then
+    say "0 setup: FAILED to source .gpu_kit/setup_device.sh (see setup_kit.log); stopping"
+    return 1
+  fi
+  install_plugin >"$OUT/pip_install.log" 2>&1
+  say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); $(now)"
+  python3 .gpu_kit/make_tiny_llama.py --out "$W/tiny" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
+  python3 tests/harness/critic_rows.py "$W/reward.jsonl" reward 512 &&
+    python3 tests/harness/critic_rows.py "$W/returns.jsonl" returns 256 &&
+    python3 -c "import sys; sys.path.insert(0, 'tests'); from harness.tiny import make_tiny_critic
+make_tiny_critic('$W/critic', '$W/tiny/model', head_std=0.05)" >"$OUT/make_critic.log" 2>&1
+  say "0 data: rc=$? tiny model $(grep -E '^model:' "$OUT/make_tiny.log" | head -1); $(now)"
 }
