@@ -27,7 +27,7 @@ critic_setup || { say "CRITIC_CP: FAIL"; exit 1; } # -> $W/tiny/model, $W/{rewar
 
 COMMON=(--model "$W/critic" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
   --template chatml --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42 --attention_backend fused
-  --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --bf16 true --logging_steps 1 --train_iters 20 --save_steps 100000
+  --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --torch_dtype bfloat16 --logging_steps 1 --train_iters 20 --save_steps 100000
   --no_save_optim true --no_save_rng true --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 4)
 RETURNS=(--dataset "$W/returns.jsonl" --value_clip_range 0.2)
 REWARD=(--dataset "$W/reward.jsonl")
