@@ -38,65 +38,15 @@ def register_mcore() -> bool:
     return True
 
 
-def ignore_token_labels(model) -> None:
-    """ms-swift hands the HF model ``labels`` = token ids (e.g. ``swift export --test_convert_precision``);
-    transformers' token-classification loss would treat them as class indices of the one-label head (IndexError).
-    Token ids are no value targets: the HF critic drops ``labels`` (the value loss lives in swift_plt.critic)."""
-    import functools
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def forward_without_labels(*args, **kwargs):
-        kwargs.pop('labels', None)
-        return forward(*args, **kwargs)
-
-    model.forward = forward_without_labels
-
-
-def init_missing_hf_head(model, model_dir: str) -> None:
-    """From a causal-LM dir transformers initialises ``score`` randomly; set it like the Megatron side does
-    (swift_plt.critic.model: zeros, with the warning), so that both sides of ``swift export`` agree."""
-    import torch
-
-    from .critic.keys import HEAD_KEY, read_safetensors_shapes
-    try:
-        has_head = HEAD_KEY in read_safetensors_shapes(model_dir)
-    except FileNotFoundError:
-        return
-    if not has_head:
-        from swift.utils import get_logger
-        with torch.no_grad():
-            model.score.weight.zero_()
-        get_logger().warning(f'[swift-plt] {CRITIC_MODEL_TYPE} (HF side): {model_dir} has no value head '
-                             f'({HEAD_KEY}): initialised the value head with zeros.')
-
-
 def register_critic_swift() -> None:
     """HF side of ``llama3_2_critic``: transformers' LlamaForTokenClassification(num_labels=1), from a critic dir or
     a causal LM dir (``swift export``, ms-swift's HF model loading)."""
     from swift.model import ModelGroup, ModelMeta, register_model
     from swift.model.model_arch import ModelArch
-    from swift.model.register import ModelLoader
     from swift.template import TemplateType
-    from transformers import AutoModelForTokenClassification
 
-    from .critic.keys import HF_ARCHITECTURE, critic_hf_config
-
-    class CriticHFLoader(ModelLoader):
-
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.auto_model_cls = self.auto_model_cls or AutoModelForTokenClassification
-
-        def get_config(self, model_dir):
-            return critic_hf_config(super().get_config(model_dir))
-
-        def get_model(self, model_dir, config, processor, model_kwargs):
-            model = super().get_model(model_dir, config, processor, model_kwargs)
-            ignore_token_labels(model)
-            if not self.return_dummy_model:
-                init_missing_hf_head(model, model_dir)
-            return model
+    from .critic.hf import CriticHFLoader
+    from .critic.keys import HF_ARCHITECTURE
 
     register_model(
         ModelMeta(

@@ -71,12 +71,17 @@ def masked_value_losses(values, returns, mask, old_values=None, clip_range=None)
     return _keep(losses, mask)
 
 
-def clip_fraction(values, returns, mask, old_values, clip_range) -> torch.Tensor:
-    """Fraction of masked tokens where the clipped term is the larger one (verl's ``vf_clipfrac``)."""
-    values, returns, old_values = _keep(values, mask), _keep(returns, mask), _keep(old_values, mask)
+def clipped_tokens(values, returns, mask, old_values, clip_range) -> torch.Tensor:
+    """Bool per element: inside ``mask`` and the clipped term is the larger one (detached)."""
+    values, returns, old_values = (_keep(x.detach(), mask) for x in (values, returns, old_values))
     unclipped = (values - returns)**2
     clipped = 2 * value_losses(values, returns, old_values, clip_range)
-    return masked_mean((clipped > unclipped).float(), mask)
+    return (clipped > unclipped) & mask.bool()
+
+
+def clip_fraction(values, returns, mask, old_values, clip_range) -> torch.Tensor:
+    """Fraction of masked tokens where the clipped term is the larger one (verl's ``vf_clipfrac``)."""
+    return masked_mean(clipped_tokens(values, returns, mask, old_values, clip_range).float(), mask)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from megatron.core.utils import get_attr_wrapped_model
 from swift.megatron.trainers import MegatronTrainer
 from swift.utils import get_current_device, to_device
 from .data import value_targets
-from .loss import explained_variance_from_sums, masked_value_losses, value_losses, value_stats
+from .loss import clipped_tokens, explained_variance_from_sums, masked_value_losses, value_stats
 
 # what upstream's batch preparation and the model take; other collated keys (row fields kept because critic runs set
 # remove_unused_columns=False, e.g. "dataset", "add_eos") are dropped.
@@ -74,9 +74,8 @@ def critic_loss_func(output_tensor, *, value_mask, returns, old_values=None, cli
         '_d2': torch.stack([s['d2'], n]),
     }
     if clip_range is not None:
-        unclipped = 0.5 * (values.detach() - returns)**2
-        clipped = value_losses(values.detach(), returns, old_values, clip_range) > unclipped
-        metrics['value_clipfrac'] = torch.stack([(clipped & value_mask.bool()).float().sum(), n])
+        clipped = clipped_tokens(values, returns, value_mask, old_values, clip_range)
+        metrics['value_clipfrac'] = torch.stack([clipped.float().sum(), n])
     return losses.sum(), n.to(torch.int), metrics
 
 
