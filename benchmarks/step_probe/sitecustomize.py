@@ -21,6 +21,25 @@ import time
 _TARGET = 'swift.megatron.trainers.base'
 
 
+def _dump_profile(prof, path, step):
+    try:
+        prof.__exit__(None, None, None)
+        rows = []
+        for e in prof.key_averages():
+            rows.append({
+                'name': e.key,
+                'count': e.count,
+                'self_cpu_us': e.self_cpu_time_total,
+                'cpu_us': e.cpu_time_total,
+                'self_device_us': getattr(e, 'self_device_time_total', getattr(e, 'self_cuda_time_total', 0)),
+                'device_us': getattr(e, 'device_time_total', getattr(e, 'cuda_time_total', 0)),
+            })
+        with open(path, 'w') as f:
+            json.dump({'step': step, 'rows': rows}, f)
+    except Exception as e:  # the probe must never break a run
+        print(f'[step_probe] profiler failed: {e!r}', file=sys.stderr)
+
+
 def _wrap(module):
     cls = module.BaseMegatronTrainer
     orig = cls.train_step
@@ -40,26 +59,18 @@ def _wrap(module):
             if cuda:
                 torch.cuda.synchronize()
             acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-            prof = torch.profiler.profile(activities=acts)
-            prof.__enter__()
+            try:
+                prof = torch.profiler.profile(activities=acts)
+                prof.__enter__()
+            except Exception as e:  # the probe must never break a run
+                print(f'[step_probe] profiler failed to start: {e!r}', file=sys.stderr)
+                prof = None
         result = orig(self, train_data_iterator)
         if cuda:
             torch.cuda.synchronize()
         t_end = time.perf_counter()
         if prof is not None:
-            prof.__exit__(None, None, None)
-            rows = []
-            for e in prof.key_averages():
-                rows.append({
-                    'name': e.key,
-                    'count': e.count,
-                    'self_cpu_us': e.self_cpu_time_total,
-                    'cpu_us': e.cpu_time_total,
-                    'self_device_us': getattr(e, 'self_device_time_total', getattr(e, 'self_cuda_time_total', 0)),
-                    'device_us': getattr(e, 'device_time_total', getattr(e, 'cuda_time_total', 0)),
-                })
-            with open(out + '.prof.json', 'w') as f:
-                json.dump({'step': step, 'rows': rows}, f)
+            _dump_profile(prof, out + '.prof.json', step)
         if rank0:
             metrics, grad_norm, _ = result
             loss = None
