@@ -5,6 +5,7 @@ bf16 safetensors, plus the tokenizer files of TOKENIZER_DIR (the real Llama-3 to
 
     python3 benchmarks/make_llama32_1b.py OUT_DIR TOKENIZER_DIR      (CPU is enough: ~1.2 B params, 2.5 GB)
 """
+import copy
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ cfg = {  # meta-llama/Llama-3.2-1B config.json
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(0)
 torch.set_default_dtype(torch.bfloat16)
-model = LlamaForCausalLM(LlamaConfig(**cfg))
+model = LlamaForCausalLM(LlamaConfig(**copy.deepcopy(cfg)))  # transformers edits nested dicts in place
 model.save_pretrained(out, safe_serialization=True)
 with open(os.path.join(out, 'config.json'), 'w') as f:  # the original file, as users download it
     json.dump(cfg, f, indent=2)
