@@ -9,12 +9,14 @@
 # torch.cuda.synchronize(); step time = median of the intervals over steps WARM+1..ITERS; the process exits after
 # step ITERS (no final save). tokens/s = GBS * max_length / step time (sequence slots; packed rows are full up to
 # the last document that fits). Probes in $TPUT_WORK/probes; figures in $OUT/throughput.json and TPUT lines.
-# Round 1 of B and C runs step PROFILE_STEP under torch.profiler (a step before the timed ones).
+# The first round of B and C runs step PROFILE_STEP under torch.profiler (default: the last step, after the timed ones).
 #
 #   bash benchmarks/throughput_1b.sh     (device machine, repo root)
 # env: OUT, TPUT_WORK (/tmp/plt_tput), TOKENIZER_DIR (dir with tokenizer.json of Llama-3; required), TEXT (a .txt;
 #      default /work/shared/data/pd_extract_2mb.txt), ROUNDS (2), ITERS (18), WARM (8), MBS (4), GBS (16),
-#      PROFILE_STEP (6), BUDGET (seconds; a run is not started with less than RUN_SECS (75) left and is stopped when
+#      PROFILE_STEP (ITERS: the last step, after the timed ones; a profiled step and the steps after it run slower,
+#      seen on H100), RUNS ("stock plt1 plt4"), FIRST_ROUND (1: round numbers in the probe names, to add rounds from
+#      another device call to the same probe dir), BUDGET (seconds; a run is not started with less than RUN_SECS (75) left and is stopped when
 #      it runs out), MODEL_DIR (reuse), REPEAT (8: copies of the text)
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,7 +25,8 @@ OUT=${OUT:-/tmp/plt_tput_out}
 mkdir -p "$OUT"
 W=${TPUT_WORK:-/tmp/plt_tput}
 mkdir -p "$W/runs" "$W/probes"
-ROUNDS=${ROUNDS:-2} ITERS=${ITERS:-18} WARM=${WARM:-8} MBS=${MBS:-4} GBS=${GBS:-16} PROFILE_STEP=${PROFILE_STEP:-6}
+ROUNDS=${ROUNDS:-2} ITERS=${ITERS:-18} WARM=${WARM:-8} MBS=${MBS:-4} GBS=${GBS:-16} PROFILE_STEP=${PROFILE_STEP:-$ITERS}
+FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-stock plt1 plt4}
 BUDGET=${BUDGET:-100000} RUN_SECS=${RUN_SECS:-75}
 T0=$SECONDS
 TEXT=${TEXT:-/work/shared/data/pd_extract_2mb.txt}
@@ -58,7 +61,7 @@ run() { # run NAME ROUND
     plt1) cmd=(--model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 1 --max_length 2048) ;;
     plt4) cmd=(--model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 4 --max_length 8192) ;;
   esac
-  [ "$round" = 1 ] && [ "$name" != stock ] && prof=$PROFILE_STEP
+  [ "$round" = "$FIRST_ROUND" ] && [ "$name" != stock ] && prof=$PROFILE_STEP
   rm -rf "$od" "$probe"
   mkdir -p "$od"
   env "${env[@]}" NPROC_PER_NODE=1 MASTER_PORT=$((29700 + RANDOM % 200)) HF_DATASETS_CACHE="$W/cache" \
@@ -69,8 +72,8 @@ run() { # run NAME ROUND
   echo "TPUT run $name round $round: rc=$rc $((SECONDS - t)) s, $(wc -l <"$probe" 2>/dev/null || echo 0) steps probed"
   [ "$rc" = 0 ] || tail -20 "$W/runs/$1_r$2.log" | sed 's/^/  | /'
 }
-for r in $(seq 1 "$ROUNDS"); do
-  for name in stock plt1 plt4; do
+for r in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
+  for name in $RUNS; do
     if [ $((BUDGET - (SECONDS - T0))) -lt "$RUN_SECS" ]; then
       echo "TPUT skip $name round $r: budget ($((BUDGET - (SECONDS - T0))) s left)"
       continue
