@@ -32,6 +32,7 @@ BLOCK_FWD = 4096  # vocab elements per step of the row loop (forward)
 BLOCK_BWD = 4096  # vocab elements per program (backward)
 
 
+@functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
