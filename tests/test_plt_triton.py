@@ -155,7 +155,9 @@ def _tp_worker(rank, world, port, logits_full, labels, grad_w, k, queue):
         losses = plt.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD,
                                       impl='triton')
         (losses * grad_w).sum().backward()
-        queue.put((rank, losses.detach(), shard.grad))
+        # numpy arrays are pickled by value: torch tensors would travel through shared memory, which is gone if this
+        # process exits before the parent reads them (seen as ConnectionResetError / FileNotFoundError)
+        queue.put((rank, losses.detach().numpy(), shard.grad.numpy()))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -175,7 +177,7 @@ def test_triton_vocab_parallel_matches_reference():
     procs = [ctx.Process(target=_tp_worker, args=(r, world, port, logits, labels, grad_w, k, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    res = dict((r, (l, g)) for r, l, g in (queue.get(timeout=300) for _ in procs))
+    res = dict((r, (torch.from_numpy(l), torch.from_numpy(g))) for r, l, g in (queue.get(timeout=300) for _ in procs))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
