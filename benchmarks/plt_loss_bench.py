@@ -5,7 +5,11 @@
     python3 benchmarks/plt_loss_bench.py --device cpu --P 64 --V 1000 --iters 3   # CPU smoke test of the code
 
 Rows (all on the same bf16 logits [P, B, V], TP=1):
-  plt      swift_plt.plt.plt_token_losses: K targets per row (the tokens of the next patch), one softmax
+  plt      swift_plt.plt.plt_token_losses: K targets per row (the tokens of the next patch), one softmax; on CUDA
+           the fused Triton kernel (swift_plt.plt_triton), gradient in a new tensor
+  plt_torch  the same with impl='torch' (the reference _PatchCrossEntropy, an fp32 softmax copy)
+  plt_inplace (CUDA) the Triton kernel with inplace_grad=True, as PLTGPTModel calls it: the gradient is written into
+           the logits' storage (run last: it overwrites the logits)
   ce       megatron.core.tensor_parallel.vocab_parallel_cross_entropy: 1 target per row (token-level baseline)
   ce_fused megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy: 1 target per row
            (what a stock ms-swift run uses: cross_entropy_loss_fusion=True, impl 'native'); torch.compile'd
@@ -117,7 +121,7 @@ def main():
     ap.add_argument('--warmup', type=int, default=3)
     ap.add_argument('--iters', type=int, default=20)
     ap.add_argument('--device', default='cuda')
-    ap.add_argument('--skip', default='', help='comma-separated rows to skip: plt,ce,ce_fused,ce_xK')
+    ap.add_argument('--skip', default='', help='comma-separated rows to skip: plt,plt_torch,ce,ce_fused,ce_xK,plt_inplace')
     ap.add_argument('--json', default=None, help='default: $OUT/plt_loss_bench.json when $OUT is set')
     a = ap.parse_args()
 
@@ -140,8 +144,10 @@ def main():
     def ones_like(loss):
         return torch.ones_like(loss)
 
+    impl = 'triton' if device.type == 'cuda' else 'torch'
     rows = {
-        'plt': (f'plt_token_losses (K={K} targets/row)', lambda x: plt_token_losses(x, labels, K)),
+        'plt': (f'plt_token_losses {impl} (K={K} targets/row)', lambda x: plt_token_losses(x, labels, K, impl=impl)),
+        'plt_torch': (f'plt_token_losses torch reference (K={K})', lambda x: plt_token_losses(x, labels, K, impl='torch')),
         'ce': ('vocab_parallel_cross_entropy (1 target/row)', lambda x: vocab_parallel_cross_entropy(x, target)),
     }
     try:
@@ -153,6 +159,11 @@ def main():
         print(f'[bench] fused CE unavailable: {e!r}')
     rows['ce_xK'] = (f'vocab_parallel_cross_entropy x{K} (naive PLT)',
                      lambda x: sum(vocab_parallel_cross_entropy(x, target_k[..., k]) for k in range(K)))
+    if impl == 'triton':
+        # as in the model (PLTGPTModel): the gradient written into the logits' storage. Last: it overwrites the
+        # logits with gradients (the timing does not depend on the values).
+        rows['plt_inplace'] = (f'plt_token_losses triton, in-place grad (K={K})',
+                               lambda x: plt_token_losses(x, labels, K, impl=impl, inplace_grad=True))
     skip = {s.strip() for s in a.skip.split(',') if s.strip()}
 
     results = {}
@@ -188,6 +199,10 @@ def main():
         'plt_over_ce_fused_peak_mem': ratio('plt', 'ce_fused', 'peak_mib'),
         'ce_xK_over_plt_time': ratio('ce_xK', 'plt', 'fwd_bwd_ms_median'),
         'ce_xK_over_plt_peak_mem': ratio('ce_xK', 'plt', 'peak_mib'),
+        'plt_torch_over_ce_fused_time': ratio('plt_torch', 'ce_fused', 'fwd_bwd_ms_median'),
+        'plt_torch_over_ce_fused_peak_mem': ratio('plt_torch', 'ce_fused', 'peak_mib'),
+        'plt_inplace_over_ce_fused_time': ratio('plt_inplace', 'ce_fused', 'fwd_bwd_ms_median'),
+        'plt_inplace_over_ce_fused_peak_mem': ratio('plt_inplace', 'ce_fused', 'peak_mib'),
     }
 
     def fmt(v):
@@ -197,6 +212,11 @@ def main():
           f'PLT/CE peak memory: {fmt(ratios["plt_over_ce_peak_mem"])}')
     print(f'BENCH PLT/CE_fused time: {fmt(ratios["plt_over_ce_fused_time"])}   '
           f'PLT/CE_fused peak memory: {fmt(ratios["plt_over_ce_fused_peak_mem"])}')
+    print(f'BENCH PLT torch reference/CE_fused time: {fmt(ratios["plt_torch_over_ce_fused_time"])}   '
+          f'peak memory: {fmt(ratios["plt_torch_over_ce_fused_peak_mem"])}')
+    print(f'BENCH PLT triton in-place grad (model path)/CE_fused time: '
+          f'{fmt(ratios["plt_inplace_over_ce_fused_time"])}   peak memory: '
+          f'{fmt(ratios["plt_inplace_over_ce_fused_peak_mem"])}')
     print(f'BENCH naive K x CE / PLT time: {fmt(ratios["ce_xK_over_plt_time"])}   '
           f'naive K x CE / PLT peak memory: {fmt(ratios["ce_xK_over_plt_peak_mem"])}')
 

@@ -48,10 +48,23 @@ class PLTModelConfig(ModelConfig):
             self.variable_seq_lengths = True
 
 
-def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor):
-    """Token-level THD PackedSeqParams -> patch-level (a copy; the batch's own object stays token-level)."""
+def patch_max_seqlen(token_max_seqlen: int, patch_size: int) -> int:
+    """Longest patch-level document from the token-level one, on the host (no device sync): every token-level
+    document is a whole number of patches (swift-plt pads each document to a multiple of K), except the trailing
+    one-token padding "documents" of a packed row, which become one-patch documents: ceil(L / K) maps both."""
+    return -(-token_max_seqlen // patch_size)
+
+
+def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor, patch_size: Optional[int] = None):
+    """Token-level THD PackedSeqParams -> patch-level (a copy; the batch's own object stays token-level).
+    With ``patch_size`` and a host-side token ``max_seqlen_q`` (ms-swift makes it a Python int), the patch-level
+    max_seqlen is computed on the host; else from the patch cu_seqlens (a device sync)."""
     cu_seqlens = patch_cu_seqlens(patch_pos)
-    max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    token_max = packed_seq_params.max_seqlen_q
+    if patch_size is not None and isinstance(token_max, int) and token_max > 0:
+        max_seqlen = patch_max_seqlen(token_max, patch_size)
+    else:
+        max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     params = copy.copy(packed_seq_params)
     params.cu_seqlens_q = params.cu_seqlens_kv = cu_seqlens
     params.max_seqlen_q = params.max_seqlen_kv = max_seqlen
@@ -93,7 +106,7 @@ class PLTGPTModel(GPTModel):
             if attention_mask is not None:
                 attention_mask = patch_attention_mask(attention_mask, k)
             if packed_seq_params is not None:
-                packed_seq_params = patch_packed_seq_params(packed_seq_params, position_ids)
+                packed_seq_params = patch_packed_seq_params(packed_seq_params, position_ids, k)
         return super().forward(
             input_ids,
             position_ids,
@@ -115,7 +128,9 @@ class PLTGPTModel(GPTModel):
         tp = self.pg_collection.tp
         tp_size = torch.distributed.get_world_size(tp) if tp is not None else 1
         vocab_start = torch.distributed.get_rank(tp) * logits.shape[-1] if tp_size > 1 else 0
-        return plt_token_losses(logits, labels, k, vocab_start, tp if tp_size > 1 else None)
+        # The logits come straight from the output layer, whose backward does not keep them: the fused loss (CUDA)
+        # writes their gradient into their storage (inplace_grad), the torch path ignores the flag.
+        return plt_token_losses(logits, labels, k, vocab_start, tp if tp_size > 1 else None, inplace_grad=True)
 
 
 class PLTModelLoader(ModelLoader):

@@ -17,6 +17,7 @@ Conventions of this module (Megatron layout):
     exactly PatchTrain's (1/K) * sum_k mean_i NLL; when some labels are -100, every remaining token weighs the same
     (PatchTrain's formula would instead average each k separately).
 """
+import os
 from typing import Optional
 
 import torch
@@ -150,15 +151,29 @@ class _PatchCrossEntropy(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None, None
 
 
+def fused_loss_enabled(logits: torch.Tensor) -> bool:
+    """The Triton kernel (swift_plt.plt_triton) is used for CUDA logits unless SWIFT_PLT_FUSED_LOSS=0, or Triton is
+    not importable (then the torch reference below runs)."""
+    if not logits.is_cuda or os.environ.get('SWIFT_PLT_FUSED_LOSS', '1') == '0':
+        return False
+    from .plt_triton import triton_available
+    return triton_available()
+
+
 def plt_token_losses(logits: torch.Tensor,
                      labels: torch.Tensor,
                      patch_size: int,
                      vocab_start: int = 0,
-                     group: Optional['dist.ProcessGroup'] = None) -> torch.Tensor:
+                     group: Optional['dist.ProcessGroup'] = None,
+                     impl: Optional[str] = None,
+                     inplace_grad: bool = False) -> torch.Tensor:
     """Per-token PLT losses, token-aligned like ``labels``.
 
     logits: [P, B, V_local] patch outputs (V_local = V / tp; this rank holds ids [vocab_start, vocab_start+V_local)).
     labels: [B, S] token-aligned (not rolled), S = K * P, -100 ignored.
+    impl: 'torch' (``_PatchCrossEntropy``, the reference), 'triton' (``swift_plt.plt_triton``, the fused kernel) or
+    None: 'triton' on CUDA (``fused_loss_enabled``), else 'torch'. inplace_grad (Triton only): backward writes the
+    gradient into the logits' storage (only when no other autograd node keeps the logits).
     Returns [B, S] float32: entry t is -log p(labels[t] | patch t//K - 1); 0 where labels[t] == -100 and in the
     first patch (which must be -100, see ``mask_first_patch``). Sum it over labels != -100 and divide by their count
     for the loss.
@@ -168,6 +183,14 @@ def plt_token_losses(logits: torch.Tensor,
         raise ValueError(f'PLT: labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)} '
                          f'at patch_size {patch_size}.')
     target = shift_patch_targets(labels, patch_size)
-    nll = _PatchCrossEntropy.apply(logits, target, vocab_start, group)  # [P, B, K], patch p -> tokens of p+1
+    if impl is None:
+        impl = 'triton' if fused_loss_enabled(logits) else 'torch'
+    if impl == 'triton':
+        from .plt_triton import patch_cross_entropy_triton
+        nll = patch_cross_entropy_triton(logits, target, vocab_start, group, inplace_grad)
+    elif impl == 'torch':
+        nll = _PatchCrossEntropy.apply(logits, target, vocab_start, group)  # [P, B, K], patch p -> tokens of p+1
+    else:
+        raise ValueError(f"PLT: impl must be 'torch', 'triton' or None, not {impl!r}.")
     nll = nll.permute(1, 0, 2)[:, :-1]  # [B, P-1, K]
     return torch.cat([nll.new_zeros(B, 1, patch_size), nll], dim=1).reshape(B, P * patch_size)

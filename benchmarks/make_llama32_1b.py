@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""A random-init model with the exact meta-llama/Llama-3.2-1B config.json (llama3 RoPE scaling, tied embeddings),
+bf16 safetensors, plus the tokenizer files of TOKENIZER_DIR (the real Llama-3 tokenizer: build it offline with
+/work/shared/data/convert_llama3_tokenizer.py; its licence forbids committing it).
+
+    python3 benchmarks/make_llama32_1b.py OUT_DIR TOKENIZER_DIR      (CPU is enough: ~1.2 B params, 2.5 GB)
+"""
+import copy
+import json
+import os
+import shutil
+import sys
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+out, tok = sys.argv[1:3]
+cfg = {  # meta-llama/Llama-3.2-1B config.json
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 128256}
+os.makedirs(out, exist_ok=True)
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)
+model = LlamaForCausalLM(LlamaConfig(**copy.deepcopy(cfg)))  # transformers edits nested dicts in place
+model.save_pretrained(out, safe_serialization=True)
+with open(os.path.join(out, 'config.json'), 'w') as f:  # the original file, as users download it
+    json.dump(cfg, f, indent=2)
+saved = cfg
+for f in os.listdir(tok):
+    if f.startswith(('tokenizer', 'special_tokens')):
+        shutil.copy(os.path.join(tok, f), out)
+n = sum(p.numel() for p in model.parameters())
+print(f'model: {n / 1e9:.4f} B params, tied={saved.get("tie_word_embeddings")}, rope_scaling={saved.get("rope_scaling") or saved.get("rope_parameters")} -> {out}')

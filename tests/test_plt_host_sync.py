@@ -1,0 +1,40 @@
+"""The patch-level PackedSeqParams built without a device sync (max_seqlen from the token-level host int) equal the
+ones computed from the patch cu_seqlens (the former, syncing path), on packed rows built by ms-swift's own
+``get_packed_seq_params`` (documents padded to multiples of K, then trailing one-token pad documents)."""
+import types
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope='module')
+def model_mod():
+    import harness
+    harness.install()
+    from swift.megatron.utils.utils import get_packed_seq_params
+    from swift_plt import model
+    return model, get_packed_seq_params
+
+
+@pytest.mark.parametrize('k', [2, 3, 4, 8])
+def test_patch_packed_seq_params_host_max_equals_device_max(model_mod, k):
+    model, get_packed_seq_params = model_mod
+    from swift_plt.plt import patch_position_ids
+    args = types.SimpleNamespace(cp_partition_mode=None)
+    g = torch.Generator().manual_seed(k)
+    for trial in range(30):
+        n_docs = int(torch.randint(1, 6, (1, ), generator=g))
+        docs = [int(x) * k for x in torch.randint(1, 9, (n_docs, ), generator=g)]
+        pad = k * int(torch.randint(0, 4, (1, ), generator=g))  # trailing padding, position 0 each (upstream)
+        if trial == 0:
+            docs, pad = [k], 3 * k  # the longest "document" is a pad patch
+        pos = torch.tensor([sum((list(range(d)) for d in docs), []) + [0] * pad])
+        token_params = get_packed_seq_params(args, pos)
+        assert isinstance(token_params.max_seqlen_q, int)
+        pp = patch_position_ids(pos, k)
+        fast = model.patch_packed_seq_params(token_params, pp, k)
+        slow = model.patch_packed_seq_params(token_params, pp)  # max from the patch cu_seqlens (device sync)
+        assert fast.max_seqlen_q == fast.max_seqlen_kv == slow.max_seqlen_q
+        assert torch.equal(fast.cu_seqlens_q, slow.cu_seqlens_q)
+        assert slow.max_seqlen_q == max([d // k for d in docs] + ([1] if pad else []))
+        assert token_params.max_seqlen_q == max(docs + ([1] if pad else []))  # the token object is unchanged
