@@ -236,3 +236,16 @@ def check_step_loss_tokens(count: int, patch_size: int, step: Optional[int] = No
             f'PLT (patch_size={patch_size}): no token of this step{at} carries a loss (every label is -100), so the '
             f'step trains nothing. Every document of the step has {patch_size} tokens or fewer (the first patch of '
             f'a document is never predicted). See the PLT data report printed before step 1. ' + advice(patch_size))
+
+
+# ------------------------------------------------------------------------------------------- two-stage estimate
+def estimate_loss_tokens(report: dict, patch_size: int, sequences: int, seq_length: int, packing: bool) -> int:
+    """Loss tokens a stage will see, from a data report (``to_dict``): ``sequences`` rows of ``seq_length``.
+    Without packing a row is one document: sequences x mean loss tokens per document. With packing rows are
+    filled with documents: sequences x seq_length x loss tokens per encoded token (an upper bound: rows are not
+    filled completely). ``patch_size`` 1 uses the report's K=1 counts."""
+    loss = report['loss_tokens'] if patch_size > 1 else report['loss_tokens_k1']
+    if packing:
+        encoded = report['tokens'] + (report['pad_tokens'] if patch_size > 1 else 0)
+        return sequences * seq_length * loss // encoded if encoded else 0
+    return sequences * loss // report['documents'] if report['documents'] else 0

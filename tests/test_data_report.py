@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from swift_plt.data_report import (DataReport, DocCounts, NoLossDataError, build_report, check_report,
-                                   check_step_loss_tokens, document_counts, expected_counts, length_bucket,
+                                   check_step_loss_tokens, document_counts, estimate_loss_tokens, expected_counts,
+                                   length_bucket,
                                    max_docs_from_env, min_fraction_from_env, read_reports, write_reports)
 from swift_plt.patches.swift_template import pad_encoded
 
@@ -232,3 +233,36 @@ def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
             plt_data_report(Args, template, [Dataset.from_list(_rows(['a', 'hi', 'ok'])), None], k)
     finally:
         template.plt_patch_size = 1
+
+
+def test_estimate_loss_tokens_by_hand():
+    report = {'documents': 10, 'tokens': 200, 'pad_tokens': 40, 'loss_tokens': 120, 'loss_tokens_k1': 190}
+    # without packing: rows are documents -> 12 rows x 120/10
+    assert estimate_loss_tokens(report, 4, 12, 256, packing=False) == 144
+    assert estimate_loss_tokens(report, 1, 12, 64, packing=False) == 12 * 190 // 10
+    # packing: 12 rows x 256 slots x 120 loss / 240 encoded tokens (at K), 190 / 200 at K=1
+    assert estimate_loss_tokens(report, 4, 12, 256, packing=True) == 12 * 256 // 2
+    assert estimate_loss_tokens(report, 1, 12, 64, packing=True) == 12 * 64 * 190 // 200
+    assert estimate_loss_tokens(dict(report, documents=0, tokens=0, pad_tokens=0), 4, 12, 256, False) == 0
+
+
+def test_two_stage_reads_packing_and_publishes_report(tmp_path, capsys):
+    from swift_plt.plan import make_plan
+    from swift_plt.two_stage import Options, _packing, publish_data_report
+    assert _packing(['--packing', 'true']) and _packing(['--packing=True']) and not _packing(['--packing', 'false'])
+    assert not _packing(['--packing', 'true', '--packing', 'false']) and not _packing([])
+    plan = make_plan('3840', 4, '0.8', seq_length=64, global_batch_size=4)  # 3 + 3 steps of 4 sequences
+    opts = Options(model='m', output_dir=str(tmp_path), tokens='3840', max_length=64, global_batch_size=4)
+    publish_data_report(str(tmp_path), plan, opts)
+    assert capsys.readouterr().out == ''  # no report yet
+    r = build_report('train', 4, [(d, plt_encode(d, 4)) for d in
+                                  [{'input_ids': list(range(n)), 'labels': list(range(n))} for n in (3, 9, 30)]])
+    write_reports(str(tmp_path / 'stage1_patch' / 'plt_data_report.json'), [r])
+    publish_data_report(str(tmp_path), plan, opts)
+    out = capsys.readouterr().out
+    assert read_reports(str(tmp_path / 'plt_data_report.json')) == read_reports(
+        str(tmp_path / 'stage1_patch' / 'plt_data_report.json'))
+    assert f'~{12 * r.loss_tokens // 3:,} loss tokens' in out and f'~{12 * r.loss_tokens_k1 // 3:,} loss tokens' in out
+    opts.args = ['--packing', 'true']
+    publish_data_report(str(tmp_path), plan, opts)
+    assert f'~{12 * 256 * r.loss_tokens // (r.tokens + r.pad_tokens):,} loss tokens' in capsys.readouterr().out
