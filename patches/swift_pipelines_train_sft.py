@@ -13,6 +13,7 @@ import copy
 import functools
 import itertools
 import os
+import time
 
 from ._guard import check_once, guard
 
@@ -96,6 +97,7 @@ def plt_data_report(args, template, datasets, k):
     min_fraction = min_fraction_from_env()
     n = max_docs_from_env(bool(getattr(args, 'streaming', False)))
     reports = []
+    start = time.perf_counter()
     for split, dataset in zip(('train', 'val'), datasets):
         if dataset is None or (split == 'val' and getattr(args, 'predict_with_generate', False)):
             continue
@@ -124,7 +126,9 @@ def plt_data_report(args, template, datasets, k):
         if output_dir:
             path = os.path.join(output_dir, REPORT_FILE)
             write_reports(path, reports)
-            logger.info(f'PLT data report written to {path}')
+            logger.info(f'PLT data report written to {path} ({sum(r.documents + r.skipped for r in reports):,} '
+                        f'documents encoded at K=1 and K={k} in {time.perf_counter() - start:.1f} s; '
+                        'SWIFT_PLT_REPORT_DOCS bounds the count)')
     for r in reports:
         warnings = check_report(r, min_fraction)  # raises (every rank) when no train document carries a loss
         if is_master():

@@ -2,7 +2,7 @@
 a step with no loss token fails.
 
 ``get_batch_samples`` collects the micro-batches of one optimizer step (gradient accumulation) before any forward.
-When the model is ``PLTLlamaForCausalLM`` at patch size K > 1 (``config.patch_size``), the labels != -100 of those
+When the model is ``PLTLlamaForCausalLM`` at patch size K > 1, the labels != -100 of those
 batches are counted, summed over the data-parallel ranks (one scalar all-reduce; every rank calls this once per
 step, so every rank raises together) and a step with none fails with swift_plt.data_report.check_step_loss_tokens's
 message, before its forward. Any other model, or K=1: upstream's result, untouched.
@@ -16,11 +16,12 @@ VERIFIED = 'transformers 5.19 (ms-swift 4.6.0)'
 
 
 def model_patch_size(model) -> int:
-    """``config.patch_size`` of the (possibly DDP/PEFT-wrapped) model, 1 if it has none."""
+    """K of a (possibly DDP/PEFT-wrapped) ``PLTLlamaForCausalLM``; 1 for any other model (a plain Llama keeps a
+    ``patch_size`` of its config.json at --patch_size 1, which must not count)."""
+    from swift_plt.modeling_llama import PLTLlamaForCausalLM
     for _ in range(4):
-        k = getattr(getattr(model, 'config', None), 'patch_size', None)
-        if isinstance(k, int) and not isinstance(k, bool):
-            return k
+        if isinstance(model, PLTLlamaForCausalLM):
+            return model.patch_size
         model = getattr(model, 'module', None) or getattr(model, 'base_model', None)
         if model is None:
             break

@@ -234,8 +234,9 @@ def check_step_loss_tokens(count: int, patch_size: int, step: Optional[int] = No
         at = f' at step {step}' if step is not None else ''
         raise RuntimeError(
             f'PLT (patch_size={patch_size}): no token of this step{at} carries a loss (every label is -100), so the '
-            f'step trains nothing. Every document of the step has {patch_size} tokens or fewer (the first patch of '
-            f'a document is never predicted). See the PLT data report printed before step 1. ' + advice(patch_size))
+            f'step trains nothing: every document in it has {patch_size} tokens or fewer, or no label after its first '
+            f'patch (the first patch of a document is never predicted). See the PLT data report printed before '
+            f'step 1. ' + advice(patch_size))
 
 
 # ------------------------------------------------------------------------------------------- two-stage estimate

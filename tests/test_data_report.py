@@ -157,19 +157,23 @@ def test_step_loss_token_counts():
     assert megatron_count([]) == 0 and megatron_count(None) == 0
     assert hf_count([{'labels': torch.tensor([[IGN, 1, 2], [IGN, IGN, IGN]])}, {'labels': torch.full((1, 3), IGN)}]) == 2
 
-    class Cfg:
-        patch_size = 4
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    class M(torch.nn.Module):
-        config = Cfg()
+    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    config = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    config.patch_size = 4
+    plt = PLTLlamaForCausalLM(config)
 
     class Wrap(torch.nn.Module):
 
-        def __init__(self):
+        def __init__(self, module):
             super().__init__()
-            self.module = M()
+            self.module = module
 
-    assert model_patch_size(M()) == 4 and model_patch_size(Wrap()) == 4 and model_patch_size(torch.nn.Linear(1, 1)) == 1
+    assert model_patch_size(plt) == 4 and model_patch_size(Wrap(plt)) == 4
+    assert model_patch_size(LlamaForCausalLM(config)) == 1  # a config.json patch_size on a plain Llama: K=1
+    assert model_patch_size(torch.nn.Linear(1, 1)) == 1
 
 
 # ------------------------------------------------------------------ the report glue, ms-swift's template in process

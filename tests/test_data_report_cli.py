@@ -38,7 +38,7 @@ def data(tmp_path_factory):
             'short': _write(root / 'short.jsonl', SHORT * 4)}
 
 
-def megatron_pt(data, dataset, out_dir, k=K, iters=1):
+def megatron_pt(data, dataset, out_dir, *extra, k=K, iters=1):
     return run_cli(['megatron', 'pt', '--model', data['model'], '--model_type', 'llama3_2_plt', '--template', 'llama',
                     '--custom_register_path', CUSTOM_MODEL, '--dataset', dataset, '--max_length', '64',
                     '--patch_size', str(k), '--train_iters', str(iters), '--micro_batch_size', '2',
@@ -46,17 +46,17 @@ def megatron_pt(data, dataset, out_dir, k=K, iters=1):
                     '--seed', '7', '--torch_dtype', 'bfloat16', '--save_steps', '1000', '--no_save_optim', 'true',
                     '--no_save_rng', 'true', '--save_safetensors', 'false', '--dataset_num_proc', '1',
                     '--dataloader_num_workers', '0', '--output_dir', str(out_dir), '--add_version', 'false',
-                    *CPU_MEGATRON_ARGS], timeout=900)
+                    *CPU_MEGATRON_ARGS, *extra], timeout=900)
 
 
-def swift_pt(data, dataset, out_dir, k=K):
+def swift_pt(data, dataset, out_dir, *extra, k=K):
     return run_cli(['swift', 'pt', '--model', data['model'], '--model_type', 'llama3_2_plt', '--template', 'llama',
                     '--custom_register_path', CUSTOM_MODEL, '--dataset', dataset, '--max_length', '64',
                     '--patch_size', str(k), '--tuner_type', 'full', '--torch_dtype', 'float32', '--fp16', 'false',
                     '--bf16', 'false', '--per_device_train_batch_size', '2', '--learning_rate', '1e-3',
                     '--max_steps', '1', '--logging_steps', '1', '--save_strategy', 'no', '--seed', '7',
                     '--split_dataset_ratio', '0', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
-                    '--report_to', 'none', '--output_dir', str(out_dir), '--add_version', 'false'],
+                    '--report_to', 'none', '--output_dir', str(out_dir), '--add_version', 'false', *extra],
                    timeout=900)
 
 
@@ -100,9 +100,19 @@ def check_mixed_report(proc, out_dir, want):
 
 
 REFUSED = 'no document of the train data set (32 documents) carries a loss'
+SAMPLED = 'PLT data report (train, patch_size=4, first 32 documents (streaming))'
+STEP_FAILS = 'PLT (patch_size=4): no token of this step at step 1 carries a loss'
 
 
-def test_megatron_pt_short_docs_refused_mixed_reported_k1_silent(data, tmp_path):
+def check_streaming_short(proc):
+    """Streaming: the report covers the first documents and says so; the no-loss verdict is a warning there
+    (the rest of the stream is unseen), and the step with no loss token fails instead of training nothing."""
+    assert proc.returncode != 0 and SAMPLED in proc.stdout, proc.stdout[-5000:]
+    assert 'none of the first 32 documents of the train data set carries a loss' in proc.stdout
+    assert STEP_FAILS in proc.stdout and not parse_logs(proc.stdout), proc.stdout[-5000:]
+
+
+def test_megatron_pt_short_docs_refused_mixed_reported_step_fails_k1_silent(data, tmp_path):
     short = megatron_pt(data, data['short'], tmp_path / 'short')
     assert short.returncode != 0 and REFUSED in short.stdout and not parse_logs(short.stdout), short.stdout[-5000:]
     assert 'join short documents' in short.stdout and 'lower --patch_size' in short.stdout
@@ -111,14 +121,18 @@ def test_megatron_pt_short_docs_refused_mixed_reported_k1_silent(data, tmp_path)
     assert mixed.returncode == 0 and len(parse_logs(mixed.stdout)) == 1, mixed.stdout[-5000:]
     check_mixed_report(mixed, tmp_path / 'mixed', brute_force_report(data, K))
 
+    check_streaming_short(megatron_pt(data, data['short'], tmp_path / 'stream', '--streaming', 'true'))
+
     k1 = megatron_pt(data, data['mixed'], tmp_path / 'k1', k=1)
     assert k1.returncode == 0 and len(parse_logs(k1.stdout)) == 1, k1.stdout[-5000:]
-    assert 'PLT data report' not in k1.stdout and 'PLT (patch_size' not in k1.stdout and not os.path.exists(tmp_path / 'k1' / 'plt_data_report.json')
+    assert 'PLT data report' not in k1.stdout and 'PLT (patch_size' not in k1.stdout
+    assert not os.path.exists(tmp_path / 'k1' / 'plt_data_report.json')
 
 
-def test_swift_pt_short_docs_refused_mixed_reported(data, tmp_path):
+def test_swift_pt_short_docs_refused_mixed_reported_step_fails(data, tmp_path):
     short = swift_pt(data, data['short'], tmp_path / 'short')
     assert short.returncode != 0 and REFUSED in short.stdout, short.stdout[-5000:]
     mixed = swift_pt(data, data['mixed'], tmp_path / 'mixed')
     assert mixed.returncode == 0, mixed.stdout[-5000:]
     check_mixed_report(mixed, tmp_path / 'mixed', brute_force_report(data, K))
+    check_streaming_short(swift_pt(data, data['short'], tmp_path / 'stream', '--streaming', 'true'))
