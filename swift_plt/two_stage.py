@@ -377,9 +377,9 @@ def run(opts: Options) -> int:
         print(f'[{step.name}] running ({step.action}); log: {os.path.join(logs, step.name + ".log")}', flush=True)
         rc = run_logged(step.cmd, os.path.join(logs, step.name + '.log'))
         stage = int(step.name[-1])
+        state = stage_state(out, stage, plan.stage1.train_iters if stage == 1 else plan.stage2.train_iters)
         if stage == 1:
             publish_data_report(out, plan, opts)
-        state = stage_state(out, stage, plan.stage1.train_iters if stage == 1 else plan.stage2.train_iters)
         if rc != 0 or not state.complete:
             print(f'[{step.name}] failed (exit code {rc}; final checkpoint {state.final_checkpoint} '
                   f'{"present" if state.complete else "missing"}). Fix the cause and rerun the same command: it '
