@@ -170,4 +170,3 @@ def test_export_logits_equal_the_megatron_checkpoints(run):
         assert diff < 1e-4 and rel < 1e-5
     # the comparison can fail: stage 2 changed the weights, so the stage-1 checkpoint does not match the final export
     assert (mg1_again - hf2_again).abs().max().item() > 1e-3
-
