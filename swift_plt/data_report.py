@@ -109,7 +109,8 @@ class DataReport:
         frac = self.effective_fraction
         lines = [
             f'PLT data report ({self.split}, patch_size={k}, {scope}):',
-            f'  documents: {self.documents:,}' + (f' (+{self.skipped:,} dropped by the encoder)' if self.skipped else ''),
+            f'  documents: {self.documents:,}'
+            + (f' (+{self.skipped:,} dropped by the encoder)' if self.skipped else ''),
             f'  tokens as encoded (K=1): {self.tokens:,}; pad tokens added at K={k}: {self.pad_tokens:,} '
             f'({_pct(self.pad_tokens, self.tokens + self.pad_tokens)} of {self.tokens + self.pad_tokens:,})',
             f'  tokens carrying a loss: {self.loss_tokens:,} at K={k} vs {self.loss_tokens_k1:,} at K=1 '

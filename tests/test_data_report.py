@@ -155,7 +155,8 @@ def test_step_loss_token_counts():
     from swift_plt.patches.transformers_trainer import model_patch_size
     assert megatron_count([{'loss': torch.tensor([2.5, 3.0])}, {'loss': torch.tensor([0.0, 0.0])}]) == 3
     assert megatron_count([]) == 0 and megatron_count(None) == 0
-    assert hf_count([{'labels': torch.tensor([[IGN, 1, 2], [IGN, IGN, IGN]])}, {'labels': torch.full((1, 3), IGN)}]) == 2
+    batches = [{'labels': torch.tensor([[IGN, 1, 2], [IGN, IGN, IGN]])}, {'labels': torch.full((1, 3), IGN)}]
+    assert hf_count(batches) == 2
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
