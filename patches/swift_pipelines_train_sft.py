@@ -1,8 +1,19 @@
-"""ms-swift ``swift.pipelines.train.sft.SwiftSft._prepare_template`` (MegatronSft / MegatronPretrain inherit it):
-hand the effective patch size to the template, which pads each encoded document to a multiple of K
-(see swift_template), and, for a critic run (swift_plt.critic), whether rows carry old values (None: not a critic,
-the template does nothing extra). The template travels to dataset workers with its attributes."""
+"""ms-swift ``swift.pipelines.train.sft.SwiftSft`` (MegatronSft / MegatronPretrain inherit it):
+
+* ``_prepare_template``: hand the effective patch size to the template, which pads each encoded document to a
+  multiple of K (see swift_template), and, for a critic run (swift_plt.critic), whether rows carry old values (None:
+  not a critic, the template does nothing extra). The template travels to dataset workers with its attributes.
+* ``_post_process_datasets`` (both backends; it receives the loaded train/val data sets right before ms-swift wraps
+  them for lazy encoding / packing / streaming): at K > 1, the PLT data report (swift_plt.data_report): the first
+  documents of each data set (all up to SWIFT_PLT_REPORT_DOCS, default 100,000; streaming: 10,000) encoded by the
+  run's template at K=1 and at K, printed before step 1, kept as OUTPUT_DIR/plt_data_report.json; a train set in
+  which no document carries a loss is refused, a low effective fraction warned about. K=1: upstream, untouched.
+"""
+import copy
 import functools
+import itertools
+import os
+import time
 
 from ._guard import check_once, guard
 
@@ -14,6 +25,7 @@ def apply(module):
     check_once()
     cls = module.SwiftSft
     upstream = guard(cls, '_prepare_template', ['self'], VERIFIED)
+    upstream_post = guard(cls, '_post_process_datasets', ['self', 'datasets'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
     from swift_plt.critic.arguments import is_critic
@@ -27,3 +39,99 @@ def apply(module):
 
     _prepare_template._swift_plt = True
     cls._prepare_template = _prepare_template
+    apply_data_report(cls, upstream_post)
+
+
+# ------------------------------------------------------------------------------------------ PLT data report
+def apply_data_report(cls, upstream):
+
+    @functools.wraps(upstream)
+    def _post_process_datasets(self, datasets):
+        k = getattr(self.template, 'plt_patch_size', 1)
+        if k > 1:
+            plt_data_report(self.args, self.template, datasets, k)
+        return upstream(self, datasets)
+
+    _post_process_datasets._swift_plt = True
+    cls._post_process_datasets = _post_process_datasets
+
+
+def _encode_pairs(template, rows, k):
+    """(K=1 encoding, K encoding) of each row, or None where the encoder drops it (as the training loader does)."""
+    for row in rows:
+        try:
+            template.plt_patch_size = 1
+            k1 = template.encode(copy.deepcopy(row))
+            template.plt_patch_size = k
+            enc = template.encode(copy.deepcopy(row))
+        except Exception:
+            yield None
+            continue
+        finally:
+            template.plt_patch_size = k
+        if isinstance(k1, list):  # --truncation_strategy split is pre-encoded; kept for safety
+            yield from zip(k1, enc)
+        else:
+            yield k1, enc
+
+
+def _first_rows(dataset, n):
+    """The first n rows (all if n is None), whether the data set is sampled, its size if known."""
+    try:
+        total = len(dataset)
+    except TypeError:  # streaming
+        total = None
+    if total is not None:
+        count = total if n is None else min(n, total)
+        return (dataset[i] for i in range(count)), count < total, total
+    rows = iter(dataset)
+    return (rows if n is None else itertools.islice(rows, n)), n is not None, None
+
+
+def plt_data_report(args, template, datasets, k):
+    from swift.utils import get_logger, is_master
+
+    from swift_plt.data_report import (REPORT_FILE, build_report, check_report, max_docs_from_env,
+                                       min_fraction_from_env, write_reports)
+    logger = get_logger()
+    min_fraction = min_fraction_from_env()
+    n = max_docs_from_env(bool(getattr(args, 'streaming', False)))
+    reports = []
+    start = time.perf_counter()
+    for split, dataset in zip(('train', 'val'), datasets):
+        if dataset is None or (split == 'val' and getattr(args, 'predict_with_generate', False)):
+            continue
+        rows, sampled, total = _first_rows(dataset, n)
+        rows = iter(rows)
+        first = next(rows, None)
+        if first is None:
+            continue
+        if 'input_ids' in first:  # pre-encoded (cached dataset, --truncation_strategy split): no K=1 encoding
+            if is_master():
+                logger.info(f'PLT data report ({split}): skipped, the data set is already encoded.')
+            continue
+        mode = template.mode
+        template.set_mode('train')
+        try:
+            reports.append(build_report(split, k, _encode_pairs(template, itertools.chain([first], rows), k),
+                                        sampled=sampled, total_documents=total))
+        finally:
+            template.set_mode(mode)
+    if not reports:
+        return reports
+    output_dir = getattr(args, 'output_dir', None) or getattr(args, 'save', None)
+    if is_master():
+        for r in reports:
+            logger.info(r.summary())
+        if output_dir:
+            path = os.path.join(output_dir, REPORT_FILE)
+            write_reports(path, reports)
+            logger.info(f'PLT data report written to {path} ({sum(r.documents + r.skipped for r in reports):,} '
+                        f'documents encoded at K=1 and K={k} in {time.perf_counter() - start:.1f} s; '
+                        'SWIFT_PLT_REPORT_DOCS bounds the count)')
+    for r in reports:
+        warnings = check_report(r, min_fraction)  # raises (every rank) when no train document carries a loss
+        if is_master():
+            for w in warnings:
+                logger.warning(w)
+    return reports

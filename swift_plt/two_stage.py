@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from . import PLT_MODEL_TYPE
+from .data_report import REPORT_FILE, estimate_loss_tokens, read_reports
 from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, TwoStagePlan, make_plan
 from .vanilla import (PROVENANCE, REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
                       list_checkpoints, run_logged)
@@ -290,6 +291,51 @@ def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
             json.dump(current, f, indent=2)
 
 
+# ---------------------------------------------------------------------------------------------- PLT data report
+def _packing(argv: Sequence[str]) -> bool:
+    """Whether `--packing true` is among the pass-through flags (the last value wins, as in ms-swift)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a.startswith('--packing='):
+            value = a.split('=', 1)[1]
+        elif a == '--packing' and i + 1 < len(argv):
+            value = argv[i + 1]
+    return str(value).lower() in ('true', '1', 'yes')
+
+
+def loss_token_lines(report: dict, plan: TwoStagePlan, opts: Options) -> List[str]:
+    """How many loss tokens each stage will see, from stage 1's PLT data report (its train set)."""
+    frac = report.get('effective_fraction')
+    lines = [f'PLT data report of stage 1 ({REPORT_FILE}, {"first " if report.get("sampled") else ""}'
+             f'{report["documents"]:,} documents): at K={plan.patch_size} '
+             f'{report["loss_tokens"]:,} tokens carry a loss vs {report["loss_tokens_k1"]:,} at K=1 '
+             f'({"n/a" if frac is None else f"{frac:.1%}"}), {report["documents_without_loss"]:,} documents none']
+    for i, s, argv in ((1, plan.stage1, opts.stage1_args), (2, plan.stage2, opts.stage2_args)):
+        packing = _packing(list(opts.args) + list(argv))
+        sequences = s.train_iters * plan.global_batch_size
+        n = estimate_loss_tokens(report, s.patch_size, sequences, s.seq_length, packing)
+        how = (f'{sequences:,} packed rows x {s.seq_length} x loss tokens per encoded token, at most' if packing else
+               f'{sequences:,} documents x mean loss tokens per document')
+        lines.append(f'  stage {i} ({s.name} level, patch_size={s.patch_size}): ~{n:,} loss tokens '
+                     f'({how}; {s.tokens:,} sequence slots)')
+    lines.append('  (stage 2 is estimated from the same documents encoded at K=1 with the stage-1 max_length)')
+    return lines
+
+
+def publish_data_report(out: str, plan: TwoStagePlan, opts: Options) -> None:
+    """Copy stage 1's PLT data report beside plan.json (once stage 1 has written it) and print the loss tokens
+    each stage will see. Nothing when there is no report (stage 1 not started, or K=1)."""
+    src = os.path.join(out, STAGE_DIRS[1], REPORT_FILE)
+    dst = os.path.join(out, REPORT_FILE)
+    reports = read_reports(src) or read_reports(dst)
+    if not reports or 'train' not in reports:
+        return
+    if os.path.exists(src):
+        with open(dst, 'w', encoding='utf-8') as f:
+            json.dump(reports, f, indent=2)
+    print('\n'.join(loss_token_lines(reports['train'], plan, opts)), flush=True)
+
+
 def run(opts: Options) -> int:
     for argv, where in ((opts.args, 'extra arguments'), (opts.stage1_args, '--stage1_args'),
                         (opts.stage2_args, '--stage2_args')):
@@ -308,6 +354,7 @@ def run(opts: Options) -> int:
     out = os.path.abspath(opts.output_dir)
     print(plan.summary(), flush=True)
     check_plan_file(out, plan, write=False)
+    publish_data_report(out, plan, opts)  # a rerun: the report of the earlier stage-1 start
     steps = plan_steps(opts, plan)
     for step in steps:
         print(f'[{step.name}] {step.action}' + (f'\n    $ {subprocess.list2cmdline(step.cmd)}' if step.cmd else ''),
@@ -331,6 +378,8 @@ def run(opts: Options) -> int:
         rc = run_logged(step.cmd, os.path.join(logs, step.name + '.log'))
         stage = int(step.name[-1])
         state = stage_state(out, stage, plan.stage1.train_iters if stage == 1 else plan.stage2.train_iters)
+        if stage == 1:
+            publish_data_report(out, plan, opts)
         if rc != 0 or not state.complete:
             print(f'[{step.name}] failed (exit code {rc}; final checkpoint {state.final_checkpoint} '
                   f'{"present" if state.complete else "missing"}). Fix the cause and rerun the same command: it '

@@ -72,6 +72,22 @@ def test_stage1_trains_at_patch_level_and_resumes_where_it_stopped(run):
         assert again[0][key] == pytest.approx(logs[2][key], rel=1e-5, abs=1e-9), (key, again[0], logs[2])
 
 
+def test_data_report_beside_the_plan_with_loss_tokens_per_stage(run):
+    """Stage 1's PLT data report is copied beside plan.json and turned into loss tokens per stage (no packing:
+    3 steps x 4 sequences x mean loss tokens per document), after stage 1 runs and again when the recipe reruns."""
+    with open(os.path.join(run['out'], 'plt_data_report.json')) as f:
+        report = json.load(f)['train']
+    with open(os.path.join(run['out'], 'stage1_patch', 'plt_data_report.json')) as f:
+        assert json.load(f)['train'] == report
+    want1 = 12 * report['loss_tokens'] // report['documents']
+    want2 = 12 * report['loss_tokens_k1'] // report['documents']
+    for name in ('stage1', 'all'):
+        out = run['procs'][name].stdout
+        assert f'stage 1 (patch level, patch_size=4): ~{want1:,} loss tokens' in out, out[-3000:]
+        assert f'stage 2 (token level, patch_size=1): ~{want2:,} loss tokens' in out
+    assert not os.path.exists(os.path.join(run['out'], 'stage2_token', 'plt_data_report.json'))  # K=1: no report
+
+
 def test_rerun_skips_stage1_and_stage2_starts_from_its_weights_with_fresh_optimizer(run):
     proc = run['procs']['all']
     assert proc.returncode == 0, proc.stdout[-5000:]

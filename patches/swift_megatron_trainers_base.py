@@ -1,0 +1,47 @@
+"""ms-swift ``swift.megatron.trainers.base.BaseMegatronTrainer.train_step``: at K > 1, a step with no loss token fails.
+
+A step whose micro-batches (all of them, on every data-parallel rank) hold no label != -100 trains nothing: at K > 1
+that happens when every document of the step is at most K tokens long (its first patch is never predicted), and
+upstream would log no loss and a zero grad norm and go on. After upstream's step, the token counts that ms-swift's
+``loss_func`` already returns per micro-batch (``metrics['loss'][1]``, last pipeline stage) are summed over the whole
+world (one scalar all-reduce, every rank takes part, so every rank raises together: no hang) and the run stops with
+swift_plt.data_report.check_step_loss_tokens's message, before the step is logged or saved. K=1: upstream unchanged
+(ms-swift accepts such steps).
+"""
+import functools
+
+from ._guard import check_once, guard
+
+TARGET = 'swift.megatron.trainers.base'
+VERIFIED = 'ms-swift 4.6.0'
+
+
+def local_loss_tokens(metrics) -> int:
+    """Loss tokens of this rank's micro-batches (ms-swift's loss_func metrics: 'loss' = [loss sum, token count])."""
+    return int(sum(float(m['loss'][1]) for m in metrics or [] if isinstance(m, dict) and 'loss' in m))
+
+
+def apply(module):
+    check_once(('ms-swift', 'mcore-bridge', 'megatron-core'))
+    cls = module.BaseMegatronTrainer
+    upstream = guard(cls, 'train_step', ['self', 'train_data_iterator'], VERIFIED)
+    if getattr(upstream, '_swift_plt', False):
+        return
+    from swift_plt.data_report import check_step_loss_tokens
+
+    @functools.wraps(upstream)
+    def train_step(self, train_data_iterator):
+        result = upstream(self, train_data_iterator)
+        k = getattr(self.args, 'patch_size', None) or 1
+        if k > 1:
+            import torch
+            import torch.distributed as dist
+            count = torch.tensor([local_loss_tokens(result[0])], dtype=torch.float64,
+                                 device=torch.cuda.current_device())
+            if dist.is_initialized():
+                dist.all_reduce(count)
+            check_step_loss_tokens(int(count.item()), k, self.state.iteration + 1)
+        return result
+
+    train_step._swift_plt = True
+    cls.train_step = train_step

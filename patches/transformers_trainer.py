@@ -1,0 +1,59 @@
+"""transformers ``transformers.trainer.Trainer.get_batch_samples`` (ms-swift's HF backend, `swift pt/sft`): at K > 1,
+a step with no loss token fails.
+
+``get_batch_samples`` collects the micro-batches of one optimizer step (gradient accumulation) before any forward.
+When the model is ``PLTLlamaForCausalLM`` at patch size K > 1, the labels != -100 of those
+batches are counted, summed over the data-parallel ranks (one scalar all-reduce; every rank calls this once per
+step, so every rank raises together) and a step with none fails with swift_plt.data_report.check_step_loss_tokens's
+message, before its forward. Any other model, or K=1: upstream's result, untouched.
+"""
+import functools
+
+from ._guard import guard
+
+TARGET = 'transformers.trainer'
+VERIFIED = 'transformers 5.19 (ms-swift 4.6.0)'
+
+
+def model_patch_size(model) -> int:
+    """K of a (possibly DDP/PEFT-wrapped) ``PLTLlamaForCausalLM``; 1 for any other model (a plain Llama keeps a
+    ``patch_size`` of its config.json at --patch_size 1, which must not count)."""
+    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    for _ in range(4):
+        if isinstance(model, PLTLlamaForCausalLM):
+            return model.patch_size
+        model = getattr(model, 'module', None) or getattr(model, 'base_model', None)
+        if model is None:
+            break
+    return 1
+
+
+def local_loss_tokens(batch_samples) -> int:
+    return int(sum(int((b['labels'] != -100).sum()) for b in batch_samples
+                   if isinstance(b, dict) and b.get('labels') is not None))
+
+
+def apply(module):
+    # no version check here: transformers' Trainer is used outside ms-swift too; the PLT path runs only under
+    # ms-swift, whose own patches check the versions
+    cls = module.Trainer
+    upstream = guard(cls, 'get_batch_samples', ['self', 'epoch_iterator', 'num_batches', 'device'], VERIFIED)
+    if getattr(upstream, '_swift_plt', False):
+        return
+    from swift_plt.data_report import check_step_loss_tokens
+
+    @functools.wraps(upstream)
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batch_samples, num_items_in_batch = upstream(self, epoch_iterator, num_batches, device)
+        k = model_patch_size(self.model)
+        if k > 1 and batch_samples:
+            import torch
+            import torch.distributed as dist
+            count = torch.tensor([local_loss_tokens(batch_samples)], dtype=torch.float64, device=device)
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(count)
+            check_step_loss_tokens(int(count.item()), k, self.state.global_step + 1)
+        return batch_samples, num_items_in_batch
+
+    get_batch_samples._swift_plt = True
+    cls.get_batch_samples = get_batch_samples
