@@ -1,0 +1,72 @@
+"""Per-run training files for the quality benchmark, cut from the fixed train-document stream.
+
+    python benchmarks/quality/make_run_data.py KIT_DIR OUT_DIR --spec NAME:START:TOKENS:LENGTH ... [--reserve_from R]
+
+For each spec, the documents whose first token lies in [START, START+TOKENS) of the stream (train_docs.jsonl.xz, in
+its fixed order; positions counted in the benchmark tokenizer's tokens) are cut into pieces of at most LENGTH-8
+tokens and written as ms-swift pretraining rows OUT_DIR/NAME.jsonl ({"messages": [{"role": "assistant", ...}]}).
+A 4% margin of documents from the reserve (the stream from token R on, which no run trains on otherwise) is added so
+that packing losses never make a run wrap around into a second epoch; specs of one run take consecutive reserve
+slices (--reserve_group). Prints and writes OUT_DIR/data_stats.json (rows and tokens per file).
+"""
+import argparse
+import json
+import lzma
+import os
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('kit')
+    ap.add_argument('out')
+    ap.add_argument('--spec', nargs='+', required=True, help='NAME:START:TOKENS:LENGTH[:RESERVE_OFFSET]')
+    ap.add_argument('--reserve_from', type=int, required=True)
+    ap.add_argument('--margin', type=float, default=0.04)
+    a = ap.parse_args()
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(a.kit, 'tokenizer', 'tokenizer.json'))
+    docs, pos = [], 0
+    with lzma.open(os.path.join(a.kit, 'train_docs.jsonl.xz'), 'rt', encoding='utf-8') as f:
+        for line in f:
+            d = json.loads(line)
+            docs.append((pos, d['text']))
+            pos += d['tokens']
+    os.makedirs(a.out, exist_ok=True)
+    stats = {}
+    for spec in a.spec:
+        parts = spec.split(':')
+        name, start, tokens, length = parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+        roff = int(parts[4]) if len(parts) > 4 else 0
+        r0 = a.reserve_from + roff
+        margin = int(tokens * a.margin)
+        texts = [t for p, t in docs if start <= p < start + tokens]
+        texts += [t for p, t in docs if r0 <= p < r0 + margin]
+        if max(start + tokens, r0 + margin) > pos:
+            raise SystemExit(f'{spec}: needs tokens up to {max(start + tokens, r0 + margin):,} of a stream of {pos:,}')
+        chunk = length - 8
+        rows = ntok = 0
+        with open(os.path.join(a.out, name + '.jsonl'), 'w', encoding='utf-8') as f:
+            for enc in tok.encode_batch(texts, add_special_tokens=False):
+                ids = enc.ids
+                for s in range(0, len(ids), chunk):
+                    piece = tok.decode(ids[s:s + chunk])
+                    n = len(tok.encode(piece, add_special_tokens=False).ids)
+                    if n > length - 4:  # re-encoding at the cut merged differently: shorten
+                        piece = tok.decode(ids[s:s + chunk - 32])
+                        n = len(tok.encode(piece, add_special_tokens=False).ids)
+                    if not piece.strip():
+                        continue
+                    f.write(json.dumps({'messages': [{'role': 'assistant', 'content': piece}]}, ensure_ascii=False)
+                            + '\n')
+                    rows += 1
+                    ntok += n
+        stats[name] = {'start': start, 'tokens_budget': tokens, 'length': length, 'reserve': [r0, r0 + margin],
+                       'documents': len(texts), 'rows': rows, 'tokens': ntok}
+        print(f'{name}: stream [{start:,}, {start + tokens:,}) + reserve [{r0:,}, {r0 + margin:,}): {len(texts)} docs '
+              f'-> {rows} rows of <= {length - 4} tokens, {ntok:,} tokens', flush=True)
+    with open(os.path.join(a.out, 'data_stats.json'), 'w') as f:
+        json.dump(stats, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
