@@ -41,17 +41,22 @@ class GpuLockCallback(MegatronCallback):
         self.t0 = time.time()
         self.start_iteration = self.state.iteration
         self.step_ends = []
+        self.saves = []
 
     def on_step_end(self):
         self.step_ends.append(time.time())
 
+    def on_save(self, output_dir):
+        self.saves.append(time.time())
+
     def on_train_end(self):
         _sync()
         t1 = time.time()
-        rec = {'train_seconds': t1 - self.t0, 'lock_wait_seconds': self.wait, 'start_unix': self.t0, 'end_unix': t1,
-               'iterations': self.state.iteration - self.start_iteration,
-               'step_seconds': [round(b - a, 6) for a, b in zip([self.t0] + self.step_ends, self.step_ends)],
-               'tag': os.environ.get('QUAL_TAG', '')}
+        steps = [round(b - a, 6) for a, b in zip([self.t0] + self.step_ends, self.step_ends)]
+        rec = {'train_seconds': t1 - self.t0, 'steps_seconds': sum(steps),
+               'save_seconds': (self.saves[-1] - self.step_ends[-1]) if self.saves and self.step_ends else None,
+               'lock_wait_seconds': self.wait, 'start_unix': self.t0, 'end_unix': t1,
+               'iterations': self.state.iteration - self.start_iteration, 'step_seconds': steps}
         with open(os.path.join(self.args.output_dir, 'gpu_time.json'), 'w') as f:
             json.dump(rec, f)
         if self.lock is not None:

@@ -2,9 +2,9 @@
 
     python benchmarks/quality/make_run_data.py KIT_DIR OUT_DIR --spec NAME:START:TOKENS:LENGTH ... [--reserve_from R]
 
-For each spec, the documents whose first token lies in [START, START+TOKENS) of the stream (train_docs.jsonl.xz, in
-its fixed order; positions counted in the benchmark tokenizer's tokens) are cut into pieces of at most LENGTH-8
-tokens and written as ms-swift pretraining rows OUT_DIR/NAME.jsonl ({"messages": [{"role": "assistant", ...}]}).
+For each spec, the tokens [START, START+TOKENS) of the stream (train_docs.jsonl.xz, in its fixed order; positions
+counted in the benchmark tokenizer's tokens; a document across a boundary is split there) are cut, document by
+document, into pieces of at most LENGTH-8 tokens and written as ms-swift pretraining rows OUT_DIR/NAME.jsonl ({"messages": [{"role": "assistant", ...}]}).
 A 4% margin of documents from the reserve (the stream from token R on, which no run trains on otherwise) is added so
 that packing losses never make a run wrap around into a second epoch; specs of one run take consecutive reserve
 slices (--reserve_group). Prints and writes OUT_DIR/data_stats.json (rows and tokens per file).
@@ -25,29 +25,33 @@ def main():
     a = ap.parse_args()
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(a.kit, 'tokenizer', 'tokenizer.json'))
-    docs, pos = [], 0
+    docs, pos, n_tokens = [], 0, {}
     with lzma.open(os.path.join(a.kit, 'train_docs.jsonl.xz'), 'rt', encoding='utf-8') as f:
         for line in f:
             d = json.loads(line)
             docs.append((pos, d['text']))
+            n_tokens[pos] = d['tokens']
             pos += d['tokens']
     os.makedirs(a.out, exist_ok=True)
     stats = {}
     for spec in a.spec:
-        parts = spec.split(':')
-        name, start, tokens, length = parts[0], int(parts[1]), int(parts[2]), int(parts[3])
-        roff = int(parts[4]) if len(parts) > 4 else 0
+        fields = spec.split(':')
+        name, start, tokens, length = fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+        roff = int(fields[4]) if len(fields) > 4 else 0
         r0 = a.reserve_from + roff
         margin = int(tokens * a.margin)
-        texts = [t for p, t in docs if start <= p < start + tokens]
-        texts += [t for p, t in docs if r0 <= p < r0 + margin]
         if max(start + tokens, r0 + margin) > pos:
             raise SystemExit(f'{spec}: needs tokens up to {max(start + tokens, r0 + margin):,} of a stream of {pos:,}')
+        # the documents overlapping [lo, hi), each cut to its tokens inside the range (a document across a
+        # boundary is split there)
+        parts = [(p, t, lo, hi) for lo, hi in ((start, start + tokens), (r0, r0 + margin)) for p, t in docs
+                 if p < hi and p + n_tokens[p] > lo]
         chunk = length - 8
         rows = ntok = 0
         with open(os.path.join(a.out, name + '.jsonl'), 'w', encoding='utf-8') as f:
-            for enc in tok.encode_batch(texts, add_special_tokens=False):
-                ids = enc.ids
+            for (p, _, lo, hi), enc in zip(parts, tok.encode_batch([t for _, t, _, _ in parts],
+                                                                   add_special_tokens=False)):
+                ids = enc.ids[max(lo - p, 0):hi - p]
                 for s in range(0, len(ids), chunk):
                     piece = tok.decode(ids[s:s + chunk])
                     n = len(tok.encode(piece, add_special_tokens=False).ids)
@@ -61,8 +65,8 @@ def main():
                     rows += 1
                     ntok += n
         stats[name] = {'start': start, 'tokens_budget': tokens, 'length': length, 'reserve': [r0, r0 + margin],
-                       'documents': len(texts), 'rows': rows, 'tokens': ntok}
-        print(f'{name}: stream [{start:,}, {start + tokens:,}) + reserve [{r0:,}, {r0 + margin:,}): {len(texts)} docs '
+                       'documents': len(parts), 'rows': rows, 'tokens': ntok}
+        print(f'{name}: stream [{start:,}, {start + tokens:,}) + reserve [{r0:,}, {r0 + margin:,}): {len(parts)} docs '
               f'-> {rows} rows of <= {length - 4} tokens, {ntok:,} tokens', flush=True)
     with open(os.path.join(a.out, 'data_stats.json'), 'w') as f:
         json.dump(stats, f, indent=1)

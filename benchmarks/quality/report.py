@@ -58,15 +58,17 @@ def main():
                 n = int(str(logs[-1]['iteration']).split('/')[1]) if logs else 0
                 done = bool(logs) and int(str(logs[-1]['iteration']).split('/')[0]) == n
                 stages.append({'kind': kind, 'dir': d, 'iterations': n, 'complete': done, 'seq_length': L,
-                               'tokens': n * G * L, 'positions': n * G * T, 'train_seconds': timing.get('train_seconds'),
+                               'tokens': n * G * L, 'positions': n * G * T, 'train_seconds': sum(steps_s) or None,
+                               'lock_held_seconds': timing.get('train_seconds'),
+                               'save_seconds': timing.get('save_seconds'),
                                'lock_wait_seconds': timing.get('lock_wait_seconds'),
-                               'tokens_per_s': n * G * L / timing['train_seconds'] if timing else None,
-                               'positions_per_s': n * G * T / timing['train_seconds'] if timing else None,
+                               'tokens_per_s': n * G * L / sum(steps_s) if steps_s else None,
+                               'positions_per_s': n * G * T / sum(steps_s) if steps_s else None,
                                'final_train_loss': logs[-1]['loss'] if logs else None, 'points': pts})
                 x0 += F * n * G * T / a_flops
-                g0 += timing.get('train_seconds', 0.0) or 0.0
+                g0 += sum(steps_s)
                 toks += n * G * L
-                gpu += timing.get('train_seconds', 0.0) or 0.0
+                gpu += sum(steps_s)
             e = evals.get(f'{size}_{run}', {})
             e1 = evals.get(f'{size}_{run}_stage1', {})
             rows.append({'run': run, 'size': size, 'params': m['params'], 'non_embedding_params':
@@ -102,7 +104,8 @@ def main():
             + (f"{f(r['stage1_heldout_loss'], '.4f')} / {f(r['stage1_ppl'], '.1f')}" if r['run'] != 'a' else '—')
             + ' |')
     lines.append('')
-    lines.append('Per stage (training loop alone on the GPU): ')
+    lines.append('Per stage (GPU s = the sum of its training steps, alone on the GPU; the final checkpoint save is '
+                 'not counted): ')
     lines.append('')
     lines.append('| run | stage | steps | tokens | GPU s | tokens/s | positions/s | final train loss | lock wait s |')
     lines.append('| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
