@@ -22,6 +22,7 @@ def main():
     ap.add_argument('--spec', nargs='+', required=True, help='NAME:START:TOKENS:LENGTH[:RESERVE_OFFSET]')
     ap.add_argument('--reserve_from', type=int, required=True)
     ap.add_argument('--margin', type=float, default=0.04)
+    ap.add_argument('--stats', default='data_stats.json', help='file name (in OUT_DIR) of the row/token counts')
     a = ap.parse_args()
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(a.kit, 'tokenizer', 'tokenizer.json'))
@@ -68,7 +69,7 @@ def main():
                        'documents': len(parts), 'rows': rows, 'tokens': ntok}
         print(f'{name}: stream [{start:,}, {start + tokens:,}) + reserve [{r0:,}, {r0 + margin:,}): {len(parts)} docs '
               f'-> {rows} rows of <= {length - 4} tokens, {ntok:,} tokens', flush=True)
-    with open(os.path.join(a.out, 'data_stats.json'), 'w') as f:
+    with open(os.path.join(a.out, a.stats), 'w') as f:
         json.dump(stats, f, indent=1)
 
 

@@ -160,14 +160,17 @@ def main():
                           'GPU seconds (training loops, one at a time on the GPU)')
             ax.set_ylabel('loss (nats/token)')
             m = meta['models'][size]
-            ax.set_title(f"{size}: {m['params'] / 1e6:.1f} M params, N = {meta['N'] / 1e6:.0f} M tokens")
-            lo = min([r['heldout_loss'] for r in rows if r['heldout_loss']] + [3.0])
-            ax.set_ylim(lo - 0.3, min(10.0, lo + 5))
+            ax.set_title(f"{size}: {m['params'] / 1e6:.1f} M params, N = {meta['N']:,} tokens", fontsize=10)
+            ys = [p[2] for r in rows if r['size'] == size for st in r['stages'] for p in st['points']]
+            ys += [v for r in rows if r['size'] == size for v in (r['heldout_loss'], r['stage1_heldout_loss']) if v]
+            if ys:
+                ax.set_ylim(min(ys) - 0.1, min(max(ys), min(ys) + 4) + 0.1)
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7, loc='upper right')
-    fig.suptitle('Training loss (lines; stage 1 dashed = patch-level loss), held-out loss of the exported models '
-                 '(★ final, ○ end of stage 1); dotted: stage switch', fontsize=9)
+    fig.suptitle('lines: training loss (stage 1 dashed: patch-level loss); ★ held-out loss of the final model, '
+                 '○ of the end of stage 1;\ndotted: stage switch. (a) token-level on N tokens, (b) PLT on N, '
+                 '(c) PLT on 2N', fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, 'quality.png'), dpi=110)
     print(f"plot: {os.path.join(out, 'quality.png')}")

@@ -36,12 +36,12 @@ LR = {'tiny': 1e-3, 'XS': 2e-3, 'S': 1.4e-3, 'M': 1e-3}  # peak; ~1/sqrt(width),
 
 class Runner:
 
-    def __init__(self, a):
+    def __init__(self, a, t0):
         self.a = a
         self.procs = []
         self.lock = threading.Lock()
         self.port = 29600
-        self.deadline = time.time() + a.deadline
+        self.deadline = t0 + a.deadline  # from the start of run.py
         self.failed = []
         self.timeline = []
 
@@ -54,7 +54,7 @@ class Runner:
             from harness.cli import harness_env
             env = harness_env()
         else:
-            env = dict(os.environ)
+            env = dict(os.environ, OMP_NUM_THREADS='2')  # up to 9 runs start at once on 16 cores
         env.update({'NPROC_PER_NODE': '1', 'MASTER_PORT': str(port), 'QUAL_GPU_LOCK': os.path.join(self.a.work,
                                                                                                      'gpu.lock')})
         return env
@@ -131,7 +131,8 @@ def main():
     ap.add_argument('--logging_steps', type=int, default=5)
     ap.add_argument('--num_proc', type=int, default=2)
     ap.add_argument('--runs', nargs='+', default=['a', 'b', 'c'])
-    ap.add_argument('--deadline', type=float, default=420, help='seconds for all training + exports')
+    ap.add_argument('--deadline', type=float, default=420,
+                    help='seconds from the start for models, data, all training and exports (then eval, report)')
     ap.add_argument('--cpu', action='store_true', help='CPU dry run through the test harness flags')
     a = ap.parse_args()
     sys.path.insert(0, REPO)
@@ -167,11 +168,14 @@ def main():
     nc1 = plan_c.stage1.budget_tokens
     spec('c2', nc1, 2 * N - nc1, T, spec('c1', 0, nc1, K * T, 0))
     data = os.path.join(a.work, 'data')
-    subprocess.run([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
-                    str(2 * N), '--spec', *specs], check=True)
+    cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
+                                 str(2 * N), '--spec', sp, '--stats', f'data_stats_{sp.split(":")[0]}.json'])
+               for sp in specs]  # one process per file
+    if any(p.wait() for p in cutters):
+        raise SystemExit('make_run_data.py failed')
     print(f'data ready: {time.time() - t0:.0f}s', flush=True)
 
-    runner = Runner(a)
+    runner = Runner(a, t0)
     threads = []
 
     def pipeline(size, run):
@@ -226,7 +230,9 @@ def main():
                 targets.append(f'{size}_{run}_stage1={os.path.join(out, "hf_stage1")}')
             targets.append(f'{size}_{run}={os.path.join(out, "hf")}')
     env = dict(os.environ, SWIFT_PLT_DISABLE='1')
-    env.pop('PYTHONPATH', None) if a.cpu else None
+    if a.cpu:
+        env.pop('PYTHONPATH', None)
+        env['QUAL_EVAL_ROWS'] = '8'  # the CPU dry run scores 8 rows, not all 512
     r = subprocess.run([sys.executable, os.path.join(HERE, 'eval_heldout.py'), os.path.join(a.kit, 'heldout_ids.npy'),
                         evals, *targets], env=env, cwd='/tmp', capture_output=True, text=True)
     with open(os.path.join(a.out, 'eval.log'), 'w') as f:

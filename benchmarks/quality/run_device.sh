@@ -32,7 +32,8 @@ GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
 } 2>&1 | tee "$OUT/run.log"
 # raw logs, without checkpoints, models or training data
 cp "$W/report/results.md" "$W/report/results.json" "$W/report/quality.png" "$OUT/" 2>/dev/null
-(cd "$W" && find runs report setup.log data/data_stats.json -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \
-  -o -name '*.txt' -o -name '*.png' -o -name '*.md' \) -not -path '*/checkpoint-*' -not -path '*/hf*/*' -print0 \
+(cd "$W" && find runs report setup.log data -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \
+  -o -name '*.txt' -o -name '*.png' -o -name '*.md' \) -not -path '*/checkpoint-*' -not -path '*/hf*/*' \
+  -not \( -path 'data/*' -not -name 'data_stats*' \) -print0 \
   2>/dev/null | tar --null -T - -cJf "$OUT/logs.tar.xz")
 ls -la "$OUT"
