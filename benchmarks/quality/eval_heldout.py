@@ -41,6 +41,12 @@ def main():
     for spec in sys.argv[3:]:
         name, d = spec.split('=', 1)
         t = time.time()
+        if not os.path.isdir(d):
+            rec = {'name': name, 'dir': d, 'error': 'missing: the run did not produce this model'}
+            print('EVAL ' + json.dumps(rec), flush=True)
+            with open(out, 'a') as f:
+                f.write(json.dumps(rec) + '\n')
+            continue
         try:
             loss, n, cls = heldout_loss(d, ids, device=device)
             rec = {'name': name, 'dir': d, 'loss': loss, 'ppl': math.exp(loss), 'tokens': n, 'class': cls,

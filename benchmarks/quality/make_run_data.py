@@ -4,7 +4,8 @@
 
 For each spec, the tokens [START, START+TOKENS) of the stream (train_docs.jsonl.xz, in its fixed order; positions
 counted in the benchmark tokenizer's tokens; a document across a boundary is split there) are cut, document by
-document, into pieces of at most LENGTH-8 tokens and written as ms-swift pretraining rows OUT_DIR/NAME.jsonl ({"messages": [{"role": "assistant", ...}]}).
+document, into pieces of LENGTH-8 tokens (the text between the pieces' first and last token offsets; re-encoding a
+piece alone can merge differently at its ends, by a token or two: the 8 tokens of slack hold BOS, EOS and that) and written as ms-swift pretraining rows OUT_DIR/NAME.jsonl ({"messages": [{"role": "assistant", ...}]}).
 A 4% margin of documents from the reserve (the stream from token R on, which no run trains on otherwise) is added so
 that packing losses never make a run wrap around into a second epoch; specs of one run take consecutive reserve
 slices (--reserve_group). Prints and writes OUT_DIR/data_stats.json (rows and tokens per file).
@@ -50,21 +51,19 @@ def main():
         chunk = length - 8
         rows = ntok = 0
         with open(os.path.join(a.out, name + '.jsonl'), 'w', encoding='utf-8') as f:
-            for (p, _, lo, hi), enc in zip(parts, tok.encode_batch([t for _, t, _, _ in parts],
-                                                                   add_special_tokens=False)):
-                ids = enc.ids[max(lo - p, 0):hi - p]
-                for s in range(0, len(ids), chunk):
-                    piece = tok.decode(ids[s:s + chunk])
-                    n = len(tok.encode(piece, add_special_tokens=False).ids)
-                    if n > length - 4:  # re-encoding at the cut merged differently: shorten
-                        piece = tok.decode(ids[s:s + chunk - 32])
-                        n = len(tok.encode(piece, add_special_tokens=False).ids)
+            for (p, text, lo, hi), enc in zip(parts, tok.encode_batch([t for _, t, _, _ in parts],
+                                                                      add_special_tokens=False)):
+                offs = enc.offsets  # character span of each token: pieces are cut from the text, not decoded
+                i0, i1 = max(lo - p, 0), min(hi - p, len(offs))
+                for s in range(i0, i1, chunk):
+                    e = min(s + chunk, i1)
+                    piece = text[offs[s][0]:offs[e - 1][1]]
                     if not piece.strip():
                         continue
                     f.write(json.dumps({'messages': [{'role': 'assistant', 'content': piece}]}, ensure_ascii=False)
                             + '\n')
                     rows += 1
-                    ntok += n
+                    ntok += e - s
         stats[name] = {'start': start, 'tokens_budget': tokens, 'length': length, 'reserve': [r0, r0 + margin],
                        'documents': len(parts), 'rows': rows, 'tokens': ntok}
         print(f'{name}: stream [{start:,}, {start + tokens:,}) + reserve [{r0:,}, {r0 + margin:,}): {len(parts)} docs '

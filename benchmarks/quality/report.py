@@ -69,6 +69,8 @@ def main():
                 g0 += sum(steps_s)
                 toks += n * G * L
                 gpu += sum(steps_s)
+            if not all(st['complete'] and st['train_seconds'] for st in stages):
+                gpu = None  # a stage did not finish (or has no timing): no total
             e = evals.get(f'{size}_{run}', {})
             e1 = evals.get(f'{size}_{run}_stage1', {})
             rows.append({'run': run, 'size': size, 'params': m['params'], 'non_embedding_params':
@@ -79,7 +81,8 @@ def main():
                          'init_heldout_loss': evals.get(f'{size}_init', {}).get('loss')})
     for r in rows:
         base = next((x for x in rows if x['size'] == r['size'] and x['run'] == 'a'), None)
-        r['gpu_ratio'] = r['gpu_seconds'] / base['gpu_seconds'] if base and base['gpu_seconds'] else None
+        r['gpu_ratio'] = r['gpu_seconds'] / base['gpu_seconds'] if base and base['gpu_seconds'] and \
+            r['gpu_seconds'] else None
         r['loss_vs_a'] = (r['heldout_loss'] / base['heldout_loss'] - 1) if base and base['heldout_loss'] and \
             r['heldout_loss'] else None
     json.dump({'meta': meta, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'), indent=1, default=str)

@@ -15,7 +15,7 @@ rm -rf "$W"
 mkdir -p "$W"
 T0=$SECONDS
 BUDGET=${QUAL_BUDGET:-530}
-KIT=$(cd "${QUAL_KIT:?set QUAL_KIT}" && pwd)
+QKIT=$(cd "${QUAL_KIT:?set QUAL_KIT}" && pwd)  # not KIT: setup_device.sh sets that
 GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
 {
   echo "== quality benchmark, $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) CPUs"
@@ -26,7 +26,7 @@ GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
     { echo "pip install FAILED"; exit 1; }
   echo "setup: t=$((SECONDS - T0))s"
   # training + exports get what is left after set-up, minus ~80 s for eval, report and bundling
-  python3 benchmarks/quality/run.py --kit "$KIT" --work "$W" --out "$W/report" \
+  python3 benchmarks/quality/run.py --kit "$QKIT" --work "$W" --out "$W/report" \
     --deadline $((BUDGET - (SECONDS - T0) - 110)) ${QUAL_ARGS:-}
   echo "run.py rc=$? t=$((SECONDS - T0))s"
 } 2>&1 | tee "$OUT/run.log"
