@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import PLT_MODEL_TYPE
 from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, TwoStagePlan, make_plan
@@ -388,13 +388,13 @@ def _iteration(d: dict) -> int:
     return int(str(d['iteration']).split('/')[0])
 
 
-def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Optional[float]:
-    """Seconds in the training loop (start-up excluded), from ms-swift's ``train_speed(s/it)``: the time since an
-    invocation's first step / its steps so far. ``invocations`` (records of ``record_wall_time``) split the log of a
-    resumed stage into its invocations: each contributes its last ``train_speed`` x (its last iteration - the
-    iteration it started from). Without them the log is one invocation from iteration 0."""
+def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Optional[Tuple[float, int]]:
+    """(seconds, steps) of the logged training (start-up excluded), from ms-swift's ``train_speed(s/it)``: the time
+    since an invocation's first step / its steps so far. ``invocations`` (records of ``record_wall_time``) split
+    the log of a resumed stage into its invocations: each contributes its last ``train_speed`` x its steps (its
+    last logged iteration - the iteration it started from). Without them the log is one invocation from 0."""
     marks = sorted((r.get('log_line', 0), r.get('start_iteration', 0)) for r in invocations) or [(0, 0)]
-    total = 0.0
+    total, steps = 0.0, 0
     for k, (line, start) in enumerate(marks):
         end = marks[k + 1][0] if k + 1 < len(marks) else float('inf')
         seg = [d for d in logs if line <= d.get('_line', 0) < end]
@@ -404,7 +404,8 @@ def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Op
         if speed is None:
             return None
         total += float(speed) * (_iteration(seg[-1]) - start)
-    return total
+        steps += _iteration(seg[-1]) - start
+    return total, steps
 
 
 def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
@@ -413,7 +414,10 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
     rows = []
     for stage, s in ((1, plan.stage1), (2, plan.stage2)):
         logs = _train_logs(os.path.join(out, STAGE_DIRS[stage]))
-        steps = _iteration(logs[-1]) if logs else 0
+        # the last step is logged only if it is a multiple of --logging_steps: a complete stage ran train_iters
+        done = s.train_iters if os.path.exists(os.path.join(out, STAGE_DIRS[stage], f'checkpoint-{s.train_iters}',
+                                                            'latest_checkpointed_iteration.txt')) else None
+        steps = done or (_iteration(logs[-1]) if logs else 0)
         tokens = steps * plan.global_batch_size * s.seq_length
         wall, invocations = None, []
         wall_path = os.path.join(out, 'logs', f'stage{stage}.time.jsonl')
@@ -421,8 +425,10 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
             with open(wall_path, encoding='utf-8') as f:
                 invocations = [json.loads(line) for line in f if line.strip()]
             wall = sum(r['seconds'] for r in invocations)
-        secs = train_loop_seconds(logs, invocations) if logs else None
-        tps = tokens / secs if secs else None
+        timed = train_loop_seconds(logs, invocations) if logs else None
+        # rate of the logged steps; the time of all steps at that rate (the unlogged tail is < --logging_steps)
+        tps = timed[1] * plan.global_batch_size * s.seq_length / timed[0] if timed and timed[0] > 0 else None
+        secs = tokens / tps if tps else None
         rows.append({
             'stage': stage, 'kind': s.name, 'patch_size': s.patch_size, 'seq_length': s.seq_length,
             'planned_steps': s.train_iters, 'steps': steps, 'tokens': tokens, 'train_seconds': secs,
@@ -434,8 +440,8 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
 
 
 def format_report(rows: List[dict], plan: TwoStagePlan) -> str:
-    lines = ['Two-stage PLT summary (tokens = steps x global_batch_size x max_length; time = training loop, '
-             'wall = the whole `megatron pt` invocation(s), start-up included)']
+    lines = ['Two-stage PLT summary (tokens = steps x global_batch_size x max_length; time = training loop at the '
+             "logged steps' rate (ms-swift's train_speed), wall = the `megatron pt` invocation(s), start-up included)"]
     for r in rows:
         name = f"stage {r['stage']} ({r['kind']} level, K={r['patch_size']}, max_length={r['seq_length']})"
         if not r['steps']:

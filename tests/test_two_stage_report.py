@@ -2,6 +2,7 @@
 tokens, training-loop seconds from ms-swift's train_speed, tokens/s and patches/s, resumed stages, no logs."""
 import json
 import os
+from fractions import Fraction
 
 import pytest
 
@@ -27,14 +28,14 @@ def _lines(entries):
 
 
 def test_train_loop_seconds_single_and_resumed():
-    assert train_loop_seconds(_lines(_entries(10, 10, 0.5))) == pytest.approx(5.0)
-    assert train_loop_seconds(_lines(_entries(10, 10, 0.5, step=5))) == pytest.approx(5.0)  # logging_steps 5
+    assert train_loop_seconds(_lines(_entries(10, 10, 0.5))) == (pytest.approx(5.0), 10)
+    assert train_loop_seconds(_lines(_entries(10, 10, 0.5, step=5))) == (pytest.approx(5.0), 10)  # logging_steps 5
     # logged every 2 steps at 0.5 s/it up to step 6, crashed at step 7; resumed from checkpoint-6 (its log starts at
     # line 3): steps 7..10 at 0.25 s/it
     first = _entries(6, 10, 0.5, step=2)
     resumed = [{'loss': 1.0, 'iteration': f'{i}/10', 'train_speed(s/it)': 0.25} for i in (8, 10)]
     inv = [{'log_line': 0, 'start_iteration': 0}, {'log_line': 3, 'start_iteration': 6}]
-    assert train_loop_seconds(_lines(first + resumed), inv) == pytest.approx(6 * 0.5 + 4 * 0.25)
+    assert train_loop_seconds(_lines(first + resumed), inv) == (pytest.approx(6 * 0.5 + 4 * 0.25), 10)
     assert train_loop_seconds(_lines([{'loss': 1.0, 'iteration': '1/2'}])) is None
 
 
@@ -54,6 +55,23 @@ def test_stage_report_tokens_and_rates(tmp_path):
     assert r2['tokens_per_s'] == pytest.approx(768 / 0.75) and r2['patches_per_s'] is None  # K=1: no patches/s
     assert r1['wall_seconds'] == pytest.approx(12.5) and r2['wall_seconds'] is None
     assert (r1['first_loss'], r1['last_loss']) == (4.99, 4.97)
+
+
+def test_unlogged_last_step_of_a_complete_stage(tmp_path):
+    # 7 steps logged every 2 (the last logged is 6) at 0.5 s/it; the final checkpoint says the stage is complete
+    plan = make_plan(7 * 1024 + 3 * 256, 4, Fraction(7 * 1024, 7 * 1024 + 3 * 256), seq_length=64,
+                     global_batch_size=4)
+    assert plan.stage1.train_iters == 7
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(7, 7, 0.5, step=2))
+    (r1, _) = stage_report(out, plan)
+    assert r1['steps'] == 6  # no final checkpoint: what the log shows
+    ck = os.path.join(out, 'stage1_patch', 'checkpoint-7')
+    os.makedirs(ck)
+    open(os.path.join(ck, 'latest_checkpointed_iteration.txt'), 'w').write('7')
+    (r1, _) = stage_report(out, plan)
+    assert (r1['steps'], r1['tokens']) == (7, 7 * 1024)
+    assert r1['tokens_per_s'] == pytest.approx(1024 / 0.5) and r1['train_seconds'] == pytest.approx(3.5)
 
 
 def test_write_report_files(tmp_path, capsys):
