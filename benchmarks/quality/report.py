@@ -56,7 +56,11 @@ def main():
                     gs = g0 + (cum[it - 1] if it - 1 < len(cum) else float('nan'))
                     pts.append((x0 + F * it * G * T / a_flops, gs, x['loss']))
                 n = int(str(logs[-1]['iteration']).split('/')[1]) if logs else 0
-                done = bool(logs) and int(str(logs[-1]['iteration']).split('/')[0]) == n
+                # the last step is logged only at a multiple of --logging_steps; gpu_lock counts every step
+                done = bool(logs) and (int(str(logs[-1]['iteration']).split('/')[0]) == n or
+                                       timing.get('iterations') == n)
+                if not done:  # steps reached (logged)
+                    n = int(str(logs[-1]['iteration']).split('/')[0]) if logs else 0
                 stages.append({'kind': kind, 'dir': d, 'iterations': n, 'complete': done, 'seq_length': L,
                                'tokens': n * G * L, 'positions': n * G * T, 'train_seconds': sum(steps_s) or None,
                                'lock_held_seconds': timing.get('train_seconds'),
