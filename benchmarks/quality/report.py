@@ -173,7 +173,7 @@ def main():
             if ys:
                 ax.set_ylim(min(ys) - 0.1, min(max(ys), min(ys) + 4) + 0.1)
             ax.grid(alpha=0.3)
-            if i == 0 and j == 0:
+            if i == 0:
                 ax.legend(fontsize=7, loc='upper right')
     fig.suptitle('lines: training loss (stage 1 dashed: patch-level loss); ★ held-out loss of the final model, '
                  '○ of the end of stage 1;\ndotted: stage switch. (a) token-level on N tokens, (b) PLT on N, '
