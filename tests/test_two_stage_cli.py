@@ -170,3 +170,25 @@ def test_export_logits_equal_the_megatron_checkpoints(run):
         assert diff < 1e-4 and rel < 1e-5
     # the comparison can fail: stage 2 changed the weights, so the stage-1 checkpoint does not match the final export
     assert (mg1_again - hf2_again).abs().max().item() > 1e-3
+
+
+def test_end_of_run_summary_and_loss_plot(run):
+    """The runner's report after the run that finished (stage 1 from two earlier invocations, one resumed; stage 2):
+    steps and tokens per stage, training-loop time within the invocations' wall time, tokens/s and patches/s."""
+    out = run['out']
+    proc = run['procs']['all']
+    text = open(os.path.join(out, 'summary.txt')).read()
+    assert text in proc.stdout  # printed too
+    assert 'stage 1 (patch level, K=4, max_length=256): 3/3 steps, 3,072 tokens' in text
+    assert 'stage 2 (token level, K=1, max_length=64): 3/3 steps, 768 tokens' in text
+    s1_line, s2_line = [line for line in text.splitlines() if line.startswith('  stage ')]
+    assert 'patches/s' in s1_line and 'patches/s' not in s2_line
+    rows = json.load(open(os.path.join(out, 'summary.json')))
+    for r in rows:
+        assert 0 < r['train_seconds'] < r['wall_seconds'], r  # the loop is part of the invocations
+        assert r['tokens_per_s'] == pytest.approx(r['tokens'] / r['train_seconds'])
+    assert rows[0]['patches_per_s'] == pytest.approx(rows[0]['tokens_per_s'] / 4)
+    # stage 1 ran twice (3 steps, then step 3 again after the resume from checkpoint-2): both invocations recorded
+    invocations = [json.loads(line) for line in open(os.path.join(out, 'logs', 'stage1.time.jsonl'))]
+    assert [r['start_iteration'] for r in invocations] == [0, 2] and invocations[1]['log_line'] > 0
+    assert open(os.path.join(out, 'loss_curves.png'), 'rb').read(8) == b'\x89PNG\r\n\x1a\n'

@@ -1,0 +1,130 @@
+"""Data for the quality benchmark (CPU, run once before the GPU call; deterministic for a given corpus).
+
+    python benchmarks/quality/prepare_data.py CORPUS_TXT_DIR KIT_DIR [--vocab 16384] [--heldout 0.02]
+
+CORPUS_TXT_DIR is the txt/ folder that ../shared/data/build_corpus.sh writes (11 files, ~90 MB of English text).
+Writes into KIT_DIR (what the device call carries):
+  tokenizer/            byte-level BPE, `--vocab` ids, trained on the TRAIN documents only (HF tokenizer files)
+  train_docs.jsonl.xz   the train documents, one {"doc": id, "text": ...} a line, in a fixed shuffled order: every
+                        run takes its data from the front of this stream (make_run_data.py)
+  heldout_ids.npy       held-out token ids, [n, T] int32, each row BOS + T-1 tokens of one held-out document
+  manifest.json         the split (held-out doc ids + sha1 of each), counts, tokenizer and seeds
+
+Documents: each source file is cut at blank lines into paragraphs, and consecutive paragraphs are grouped into
+documents of at least --doc_chars characters (the last group of a file may be shorter). The split is by document:
+a seeded coin with P(held-out) = --heldout per document.
+"""
+import argparse
+import hashlib
+import json
+import lzma
+import os
+import random
+import re
+import time
+
+SPECIALS = ['<unk>', '<s>', '</s>', '<pad>']
+
+
+def documents(txt_dir, doc_chars):
+    out = []
+    for name in sorted(os.listdir(txt_dir)):
+        if not name.endswith('.txt'):
+            continue
+        with open(os.path.join(txt_dir, name), encoding='utf-8', errors='replace') as f:
+            text = f.read()
+        paras = [p.strip() for p in re.split(r'\n\s*\n', text) if p.strip()]
+        cur, n, i = [], 0, 0
+        for p in paras:
+            cur.append(p)
+            n += len(p)
+            if n >= doc_chars:
+                out.append((f'{name[:-4]}:{i}', '\n\n'.join(cur)))
+                cur, n, i = [], 0, i + 1
+        if cur:
+            out.append((f'{name[:-4]}:{i}', '\n\n'.join(cur)))
+    return out
+
+
+def train_tokenizer(texts, vocab, out_dir, max_len):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE(unk_token='<unk>'))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id('<s>')
+    tok.post_processor = processors.TemplateProcessing(single='<s> $A', pair='<s> $A <s> $B',
+                                                       special_tokens=[('<s>', bos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>', eos_token='</s>', unk_token='<unk>',
+                                   pad_token='<pad>', model_max_length=max_len)
+    fast.save_pretrained(out_dir)
+    tc_path = os.path.join(out_dir, 'tokenizer_config.json')  # loads under transformers 4.x and 5.x
+    with open(tc_path) as f:
+        tc = json.load(f)
+    tc['tokenizer_class'] = 'PreTrainedTokenizerFast'
+    tc.pop('backend', None)
+    with open(tc_path, 'w') as f:
+        json.dump(tc, f, indent=2)
+    return tok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('corpus')
+    ap.add_argument('kit')
+    ap.add_argument('--vocab', type=int, default=16384)
+    ap.add_argument('--heldout', type=float, default=0.02)
+    ap.add_argument('--doc_chars', type=int, default=6000)
+    ap.add_argument('--seq', type=int, default=512, help='T: held-out rows are BOS + T-1 tokens')
+    ap.add_argument('--max_heldout_rows', type=int, default=512)
+    ap.add_argument('--seed', type=int, default=0)
+    a = ap.parse_args()
+    import numpy as np
+    os.makedirs(a.kit, exist_ok=True)
+    t0 = time.time()
+    docs = documents(a.corpus, a.doc_chars)
+    coin = random.Random(a.seed)
+    held = [d for d in docs if coin.random() < a.heldout]
+    held_ids = {d[0] for d in held}
+    train = [d for d in docs if d[0] not in held_ids]
+    random.Random(a.seed + 1).shuffle(train)
+    print(f'{len(docs)} documents: {len(train)} train, {len(held)} held-out ({time.time() - t0:.0f}s)', flush=True)
+    tok = train_tokenizer((t for _, t in train), a.vocab, os.path.join(a.kit, 'tokenizer'), a.seq * 4)
+    print(f'tokenizer: {tok.get_vocab_size()} ids ({time.time() - t0:.0f}s)', flush=True)
+    enc = tok.encode_batch([t for _, t in train], add_special_tokens=False)
+    train_tokens = [len(e.ids) for e in enc]
+    with lzma.open(os.path.join(a.kit, 'train_docs.jsonl.xz'), 'wt', encoding='utf-8', preset=9) as f:
+        for (i, t), n in zip(train, train_tokens):
+            f.write(json.dumps({'doc': i, 'tokens': n, 'text': t}, ensure_ascii=False) + '\n')
+    bos = tok.token_to_id('<s>')
+    rows = []
+    for _, t in held:
+        ids = tok.encode(t, add_special_tokens=False).ids
+        for s in range(0, len(ids) - (a.seq - 1) + 1, a.seq - 1):  # full rows only
+            rows.append([bos] + ids[s:s + a.seq - 1])
+    random.Random(a.seed + 2).shuffle(rows)
+    rows = rows[:a.max_heldout_rows]
+    np.save(os.path.join(a.kit, 'heldout_ids.npy'), np.asarray(rows, dtype=np.int32))
+    by_source = {}
+    for i, _ in train:
+        by_source[i.split(':')[0]] = by_source.get(i.split(':')[0], 0) + 1
+    manifest = {
+        'corpus': 'build_corpus.sh (shared/data), all 11 files', 'doc_chars': a.doc_chars, 'seed': a.seed,
+        'documents': len(docs), 'train_documents': len(train), 'heldout_documents': len(held),
+        'train_tokens': sum(train_tokens), 'train_documents_by_source': by_source,
+        'heldout_rows': len(rows), 'heldout_seq': a.seq, 'heldout_predicted_tokens': len(rows) * (a.seq - 1),
+        'tokenizer': {'type': 'byte-level BPE (tokenizers)', 'vocab_size': tok.get_vocab_size(),
+                      'trained_on': 'train documents only', 'specials': SPECIALS},
+        'heldout': [{'doc': i, 'sha1': hashlib.sha1(t.encode()).hexdigest()[:12]} for i, t in held],
+    }
+    with open(os.path.join(a.kit, 'manifest.json'), 'w') as f:
+        json.dump(manifest, f, indent=1)
+    print(f'train tokens {sum(train_tokens):,}; held-out rows {len(rows)} x {a.seq} '
+          f'({len(rows) * (a.seq - 1):,} predicted tokens); {time.time() - t0:.0f}s')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,187 @@
+"""Table, JSON and plot of a quality-benchmark run (run.py calls it; rerun it on a copied work dir any time).
+
+    python benchmarks/quality/report.py WORK OUT      -> OUT/results.json, OUT/results.md, OUT/quality.png
+
+Compute per model position (a token at K=1, a patch at K=4; a stage-1 row of K*T tokens is T positions):
+    F = 6 * (P_nonemb + V*H)  +  6 * layers * H * T        (dense matmuls incl. the LM head; causal attention)
+so a run's FLOPs = F * (positions of stage 1 + positions of stage 2); the ratio to (a) is the plan's
+λ/K + 1 - λ (after rounding). The mean of K embeddings and the K-target loss are left out (O(K*H), O(K) a position).
+"""
+import json
+import os
+import sys
+
+
+def read_jsonl(path):
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def stage_dirs(work, size, run):
+    base = os.path.join(work, 'runs', f'{size}_{run}')
+    if run == 'a':
+        return [('token', os.path.join(base, 'token'))]
+    return [('patch', os.path.join(base, 'stage1_patch')), ('token', os.path.join(base, 'stage2_token'))]
+
+
+def main():
+    work, out = sys.argv[1], sys.argv[2]
+    meta = json.load(open(os.path.join(out, 'meta.json')))
+    evals = {e['name']: e for e in read_jsonl(os.path.join(out, 'eval.jsonl'))}
+    T, G, K = meta['T'], meta['G'], meta['K']
+    rows, curves = [], {}
+    for size in meta['sizes']:
+        m = meta['models'][size]
+        F = 6 * (m['non_embedding_params'] + m['vocab'] * m['hidden']) + 6 * m['layers'] * m['hidden'] * T
+        a_flops = F * meta['a_iters'] * G * T
+        for run in meta['runs']:
+            stages, x0, g0, toks, gpu, steps = [], 0.0, 0.0, 0, 0.0, []
+            for kind, d in stage_dirs(work, size, run):
+                L = T * (K if kind == 'patch' else 1)
+                logs = [x for x in read_jsonl(os.path.join(d, 'logging.jsonl')) if 'loss' in x]
+                timing = json.load(open(os.path.join(d, 'gpu_time.json'))) if os.path.exists(
+                    os.path.join(d, 'gpu_time.json')) else {}
+                steps_s = timing.get('step_seconds', [])
+                cum = [sum(steps_s[:i + 1]) for i in range(len(steps_s))]
+                pts = []
+                for x in logs:
+                    it = int(str(x['iteration']).split('/')[0])
+                    n_it = int(str(x['iteration']).split('/')[1])
+                    gs = g0 + (cum[it - 1] if it - 1 < len(cum) else float('nan'))
+                    pts.append((x0 + F * it * G * T / a_flops, gs, x['loss']))
+                n = int(str(logs[-1]['iteration']).split('/')[1]) if logs else 0
+                # the last step is logged only at a multiple of --logging_steps; gpu_lock counts every step
+                done = bool(logs) and (int(str(logs[-1]['iteration']).split('/')[0]) == n or
+                                       timing.get('iterations') == n)
+                if not done:  # steps reached (logged)
+                    n = int(str(logs[-1]['iteration']).split('/')[0]) if logs else 0
+                stages.append({'kind': kind, 'dir': d, 'iterations': n, 'complete': done, 'seq_length': L,
+                               'tokens': n * G * L, 'positions': n * G * T, 'train_seconds': sum(steps_s) or None,
+                               'lock_held_seconds': timing.get('train_seconds'),
+                               'save_seconds': timing.get('save_seconds'),
+                               'lock_wait_seconds': timing.get('lock_wait_seconds'),
+                               'tokens_per_s': n * G * L / sum(steps_s) if steps_s else None,
+                               'positions_per_s': n * G * T / sum(steps_s) if steps_s else None,
+                               'final_train_loss': logs[-1]['loss'] if logs else None, 'points': pts})
+                x0 += F * n * G * T / a_flops
+                g0 += sum(steps_s)
+                toks += n * G * L
+                gpu += sum(steps_s)
+            if not all(st['complete'] and st['train_seconds'] for st in stages):
+                gpu = None  # a stage did not finish (or has no timing): no total
+            e = evals.get(f'{size}_{run}', {})
+            e1 = evals.get(f'{size}_{run}_stage1', {})
+            rows.append({'run': run, 'size': size, 'params': m['params'], 'non_embedding_params':
+                         m['non_embedding_params'], 'tokens': toks, 'tokens_per_param': toks / m['params'],
+                         'gpu_seconds': gpu, 'flops': x0 * a_flops, 'flop_ratio': x0, 'heldout_loss': e.get('loss'),
+                         'ppl': e.get('ppl'), 'stage1_heldout_loss': e1.get('loss'), 'stage1_ppl': e1.get('ppl'),
+                         'eval_error': e.get('error'), 'stages': stages,
+                         'init_heldout_loss': evals.get(f'{size}_init', {}).get('loss')})
+    for r in rows:
+        base = next((x for x in rows if x['size'] == r['size'] and x['run'] == 'a'), None)
+        r['gpu_ratio'] = r['gpu_seconds'] / base['gpu_seconds'] if base and base['gpu_seconds'] and \
+            r['gpu_seconds'] else None
+        r['loss_vs_a'] = (r['heldout_loss'] / base['heldout_loss'] - 1) if base and base['heldout_loss'] and \
+            r['heldout_loss'] else None
+    json.dump({'meta': meta, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'), indent=1, default=str)
+
+    names = {'a': '(a) token-level, N', 'b': '(b) PLT K=4 λ=2/3, N', 'c': '(c) PLT K=4 λ=2/3, 2N'}
+
+    def f(v, fmt):
+        return '—' if v is None else format(v, fmt)
+
+    lines = ['| run | model (params) | tokens (tokens/param) | steps (stage 1 + 2) | GPU s (ratio to a) | FLOP ratio '
+             '(plan) | held-out loss (vs a) | PPL | end of stage 1: held-out loss / PPL |',
+             '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        m = meta['models'][r['size']]
+        steps = ' + '.join(str(s['iterations']) for s in r['stages'])
+        lines.append(
+            f"| {names[r['run']]} | {r['size']} ({m['params'] / 1e6:.1f} M, {m['non_embedding_params'] / 1e6:.1f} M "
+            f"non-emb.) | {r['tokens'] / 1e6:.2f} M ({r['tokens_per_param']:.2f}) | {steps} | "
+            f"{f(r['gpu_seconds'], '.1f')} ({f(r['gpu_ratio'], '.3f')}) | {r['flop_ratio']:.4f} | "
+            f"{f(r['heldout_loss'], '.4f')} ({'—' if r['loss_vs_a'] is None else format(r['loss_vs_a'], '+.2%')}) | "
+            f"{f(r['ppl'], '.2f')} | "
+            + (f"{f(r['stage1_heldout_loss'], '.4f')} / {f(r['stage1_ppl'], '.1f')}" if r['run'] != 'a' else '—')
+            + ' |')
+    lines.append('')
+    lines.append('Per stage (GPU s = the sum of its training steps, alone on the GPU; the final checkpoint save is '
+                 'not counted): ')
+    lines.append('')
+    lines.append('| run | stage | steps | tokens | GPU s | tokens/s | positions/s | final train loss | lock wait s |')
+    lines.append('| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
+    for r in rows:
+        for s in r['stages']:
+            lines.append(f"| {r['size']} {r['run']} | {s['kind']} (L={s['seq_length']}) | {s['iterations']}"
+                         f"{'' if s['complete'] else ' (incomplete)'} | {s['tokens']:,} | {f(s['train_seconds'], '.1f')}"
+                         f" | {f(s['tokens_per_s'], ',.0f')} | {f(s['positions_per_s'], ',.0f')} | "
+                         f"{f(s['final_train_loss'], '.4f')} | {f(s['lock_wait_seconds'], '.0f')} |")
+    init = ', '.join(f"{r['size']}: {r['init_heldout_loss']:.3f}" for r in rows if r['run'] == 'a' and
+                     r['init_heldout_loss'] is not None)
+    lines.append('')
+    lines.append(f'Held-out loss of the random-init models: {init or "—"}.')
+    if meta.get('failed'):
+        lines.append(f"Failed steps: {meta['failed']}")
+    md = '\n'.join(lines) + '\n'
+    open(os.path.join(out, 'results.md'), 'w').write(md)
+    print(md)
+
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('matplotlib missing: no plot')
+        return
+    sizes = meta['sizes']
+    fig, axes = plt.subplots(2, len(sizes), figsize=(6.5 * len(sizes), 9), squeeze=False)
+    colors = {'a': 'tab:blue', 'b': 'tab:orange', 'c': 'tab:green'}
+    for j, size in enumerate(sizes):
+        for i, xkey in enumerate((0, 1)):
+            ax = axes[i][j]
+            for r in [x for x in rows if x['size'] == size]:
+                c = colors[r['run']]
+                for s in r['stages']:
+                    pts = [p for p in s['points'] if p[xkey] == p[xkey]]
+                    if not pts:
+                        continue
+                    ax.plot([p[xkey] for p in pts], [p[2] for p in pts], color=c,
+                            ls='--' if s['kind'] == 'patch' else '-', lw=1.3,
+                            label=names[r['run']] + (' stage 1 (patch loss)' if s['kind'] == 'patch' else
+                                                     (' stage 2' if r['run'] != 'a' else '')))
+                if r['run'] != 'a' and r['stages'][0]['points']:
+                    sw = r['stages'][0]['points'][-1][xkey]
+                    ax.axvline(sw, color=c, ls=':', lw=1)
+                    if r['stage1_heldout_loss'] is not None:
+                        ax.plot([sw], [r['stage1_heldout_loss']], marker='o', mfc='none', color=c, ms=9)
+                last = [p for s in r['stages'] for p in s['points'] if p[xkey] == p[xkey]]
+                if r['heldout_loss'] is not None and last:
+                    ax.plot([last[-1][xkey]], [r['heldout_loss']], marker='*', color=c, ms=14)
+            ax.set_xlabel('training compute (FLOPs / FLOPs of run a)' if xkey == 0 else
+                          'GPU seconds (training loops, one at a time on the GPU)')
+            ax.set_ylabel('loss (nats/token)')
+            m = meta['models'][size]
+            ax.set_title(f"{size}: {m['params'] / 1e6:.1f} M params, N = {meta['N']:,} tokens", fontsize=10)
+            ys = [p[2] for r in rows if r['size'] == size for st in r['stages'] for p in st['points']]
+            ys += [v for r in rows if r['size'] == size for v in (r['heldout_loss'], r['stage1_heldout_loss']) if v]
+            if ys:
+                ax.set_ylim(min(ys) - 0.1, min(max(ys), min(ys) + 4) + 0.1)
+            ax.grid(alpha=0.3)
+            if i == 0:
+                ax.legend(fontsize=7, loc='upper right')
+    fig.suptitle('lines: training loss (stage 1 dashed: patch-level loss); ★ held-out loss of the final model, '
+                 '○ of the end of stage 1;\ndotted: stage switch. (a) token-level on N tokens, (b) PLT on N, '
+                 '(c) PLT on 2N', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, 'quality.png'), dpi=110)
+    print(f"plot: {os.path.join(out, 'quality.png')}")
+
+
+if __name__ == '__main__':
+    main()

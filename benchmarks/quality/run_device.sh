@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The quality benchmark in one device call (1 GPU; ~8 min): from the root of a swift-plt checkout that holds the
+# data kit (prepare_data.py output) in $QUAL_KIT and the GPU kit in .gpu_kit:
+#     QUAL_KIT=path/to/kit bash benchmarks/quality/run_device.sh
+# -> $OUT: run.log, results.md, results.json, quality.png, logs.tar.xz (raw logs: every stage's logging.jsonl,
+#    gpu_time.json, megatron/export logs, plan, runner summary; eval.jsonl, meta.json, setup.log)
+# env: QUAL_BUDGET (seconds for the whole call, default 530), QUAL_ARGS (extra run.py flags), QUAL_WORK.
+set -o pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 1
+OUT=${OUT:-/tmp/qual_out}
+mkdir -p "$OUT"
+W=${QUAL_WORK:-/tmp/qual_work}
+rm -rf "$W"
+mkdir -p "$W"
+T0=$SECONDS
+BUDGET=${QUAL_BUDGET:-530}
+QKIT=$(cd "${QUAL_KIT:?set QUAL_KIT}" && pwd)  # not KIT: setup_device.sh sets that
+GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
+{
+  echo "== quality benchmark, $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) CPUs"
+  # shellcheck disable=SC1091
+  source "$GPUKIT/setup_device.sh" >"$W/setup.log" 2>&1 || { echo "setup FAILED"; exit 1; }
+  python3 -m pip install --no-deps --no-build-isolation --no-index . >>"$W/setup.log" 2>&1 ||
+    python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$W/setup.log" 2>&1 ||
+    { echo "pip install FAILED"; exit 1; }
+  echo "setup: t=$((SECONDS - T0))s"
+  # training + exports get what is left after set-up, minus ~80 s for eval, report and bundling
+  python3 benchmarks/quality/run.py --kit "$QKIT" --work "$W" --out "$W/report" \
+    --deadline $((BUDGET - (SECONDS - T0) - 110)) ${QUAL_ARGS:-}
+  echo "run.py rc=$? t=$((SECONDS - T0))s"
+} 2>&1 | tee "$OUT/run.log"
+# raw logs, without checkpoints, models or training data
+cp "$W/report/results.md" "$W/report/results.json" "$W/report/quality.png" "$OUT/" 2>/dev/null
+(cd "$W" && find runs report setup.log data -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \
+  -o -name '*.txt' -o -name '*.png' -o -name '*.md' \) -not -path '*/checkpoint-*' -not -path '*/hf*/*' \
+  -not \( -path 'data/*' -not -name 'data_stats*' \) -print0 \
+  2>/dev/null | tar --null -T - -cJf "$OUT/logs.tar.xz")
+ls -la "$OUT"

@@ -1,0 +1,87 @@
+"""The two-stage runner's end-of-run report (summary.txt/json, loss_curves.png) on synthetic stage logs: steps,
+tokens, training-loop seconds from ms-swift's train_speed, tokens/s and patches/s, resumed stages, no logs."""
+import json
+import os
+from fractions import Fraction
+
+import pytest
+
+from swift_plt.plan import make_plan
+from swift_plt.two_stage import record_wall_time, stage_report, train_loop_seconds, write_report
+
+
+def _write_logs(path, entries):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, 'logging.jsonl'), 'w') as f:
+        for e in entries:
+            f.write(json.dumps(e) + '\n')
+        f.write(json.dumps({'train_runtime': 1.0}) + '\n')  # a non-step line is ignored
+
+
+def _entries(iters, total, speed, loss0=5.0, step=1):
+    return [{'loss': loss0 - 0.01 * i, 'iteration': f'{i}/{total}', 'train_speed(s/it)': speed}
+            for i in range(step, iters + 1, step)]
+
+
+def _lines(entries):
+    return [dict(e, _line=i) for i, e in enumerate(entries)]
+
+
+def test_train_loop_seconds_single_and_resumed():
+    assert train_loop_seconds(_lines(_entries(10, 10, 0.5))) == (pytest.approx(5.0), 10)
+    assert train_loop_seconds(_lines(_entries(10, 10, 0.5, step=5))) == (pytest.approx(5.0), 10)  # logging_steps 5
+    # logged every 2 steps at 0.5 s/it up to step 6, crashed at step 7; resumed from checkpoint-6 (its log starts at
+    # line 3): steps 7..10 at 0.25 s/it
+    first = _entries(6, 10, 0.5, step=2)
+    resumed = [{'loss': 1.0, 'iteration': f'{i}/10', 'train_speed(s/it)': 0.25} for i in (8, 10)]
+    inv = [{'log_line': 0, 'start_iteration': 0}, {'log_line': 3, 'start_iteration': 6}]
+    assert train_loop_seconds(_lines(first + resumed), inv) == (pytest.approx(6 * 0.5 + 4 * 0.25), 10)
+    assert train_loop_seconds(_lines([{'loss': 1.0, 'iteration': '1/2'}])) is None
+
+
+def test_stage_report_tokens_and_rates(tmp_path):
+    # N=3840, K=4, λ=0.8, T=64, G=4: stage 1 3 steps of 4x256 tokens, stage 2 3 steps of 4x64
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4)
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))
+    _write_logs(os.path.join(out, 'stage2_token'), _entries(3, 3, 0.25))
+    record_wall_time(os.path.join(out, 'logs'), 'stage1', 10.0, 1)  # failed before its first step
+    record_wall_time(os.path.join(out, 'logs'), 'stage1', 2.5, 0)  # a second invocation adds up
+    r1, r2 = stage_report(out, plan)
+    assert (r1['steps'], r1['tokens'], r1['seq_length']) == (3, 3 * 4 * 256, 256)
+    assert (r2['steps'], r2['tokens'], r2['seq_length']) == (3, 3 * 4 * 64, 64)
+    assert r1['train_seconds'] == pytest.approx(1.5) and r2['train_seconds'] == pytest.approx(0.75)
+    assert r1['tokens_per_s'] == pytest.approx(3072 / 1.5) and r1['patches_per_s'] == pytest.approx(3072 / 1.5 / 4)
+    assert r2['tokens_per_s'] == pytest.approx(768 / 0.75) and r2['patches_per_s'] is None  # K=1: no patches/s
+    assert r1['wall_seconds'] == pytest.approx(12.5) and r2['wall_seconds'] is None
+    assert (r1['first_loss'], r1['last_loss']) == (4.99, 4.97)
+
+
+def test_unlogged_last_step_of_a_complete_stage(tmp_path):
+    # 7 steps logged every 2 (the last logged is 6) at 0.5 s/it; the final checkpoint says the stage is complete
+    plan = make_plan(7 * 1024 + 3 * 256, 4, Fraction(7 * 1024, 7 * 1024 + 3 * 256), seq_length=64,
+                     global_batch_size=4)
+    assert plan.stage1.train_iters == 7
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(7, 7, 0.5, step=2))
+    (r1, _) = stage_report(out, plan)
+    assert r1['steps'] == 6  # no final checkpoint: what the log shows
+    ck = os.path.join(out, 'stage1_patch', 'checkpoint-7')
+    os.makedirs(ck)
+    open(os.path.join(ck, 'latest_checkpointed_iteration.txt'), 'w').write('7')
+    (r1, _) = stage_report(out, plan)
+    assert (r1['steps'], r1['tokens']) == (7, 7 * 1024)
+    assert r1['tokens_per_s'] == pytest.approx(1024 / 0.5) and r1['train_seconds'] == pytest.approx(3.5)
+
+
+def test_write_report_files(tmp_path, capsys):
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4)
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))
+    write_report(out, plan)  # stage 2 not run yet (e.g. --stage 1)
+    text = open(os.path.join(out, 'summary.txt')).read()
+    assert '3/3 steps, 3,072 tokens, time 1.5 s' in text and '2,048 tokens/s, 512 patches/s' in text
+    assert 'stage 2 (token level, K=1, max_length=64): no training log' in text
+    assert json.load(open(os.path.join(out, 'summary.json')))[0]['tokens'] == 3072
+    assert open(os.path.join(out, 'loss_curves.png'), 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
+    assert 'patches/s' in capsys.readouterr().out
