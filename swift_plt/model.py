@@ -19,7 +19,8 @@ from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 
-from .plt import patch_attention_mask, patch_cu_seqlens, patch_position_ids, plt_token_losses, pool_patches
+from .plt import (cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens, patch_position_ids,
+                  plt_local_token_losses, plt_token_losses, pool_patches)
 
 
 @dataclass
@@ -37,7 +38,6 @@ class PLTModelConfig(ModelConfig):
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
-                'context_parallel_size > 1': self.context_parallel_size > 1,
                 'sequence_parallel': self.sequence_parallel,
             }
             bad = [k for k, v in unsupported.items() if v]
@@ -58,6 +58,25 @@ def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor):
     params.cu_seqlens_q_padded = params.cu_seqlens_kv_padded = None
     if hasattr(params, 'total_tokens'):
         params.total_tokens = patch_pos.numel()
+    return params
+
+
+def patch_packed_seq_params_cp(packed_seq_params, patch_size: int):
+    """Context parallel: token-level THD PackedSeqParams of the whole packed sequence -> patch level (a copy).
+
+    Under CP the local position_ids are a slice, so the boundaries come from the global token-level cu_seqlens
+    (every document a multiple of 2*CP*K tokens, checked before the split) divided by K; the padded variants too."""
+    params = copy.copy(packed_seq_params)
+    params.cu_seqlens_q = cp_patch_cu_seqlens(packed_seq_params.cu_seqlens_q, patch_size)
+    params.cu_seqlens_kv = cp_patch_cu_seqlens(packed_seq_params.cu_seqlens_kv, patch_size)
+    for name in ('cu_seqlens_q_padded', 'cu_seqlens_kv_padded'):
+        value = getattr(packed_seq_params, name, None)
+        if value is not None:
+            setattr(params, name, cp_patch_cu_seqlens(value, patch_size))
+    params.max_seqlen_q = int((params.cu_seqlens_q[1:] - params.cu_seqlens_q[:-1]).max())
+    params.max_seqlen_kv = int((params.cu_seqlens_kv[1:] - params.cu_seqlens_kv[:-1]).max())
+    if hasattr(params, 'total_tokens') and getattr(packed_seq_params, 'total_tokens', None) is not None:
+        params.total_tokens = packed_seq_params.total_tokens // patch_size
     return params
 
 
@@ -92,7 +111,9 @@ class PLTGPTModel(GPTModel):
             position_ids = patch_position_ids(position_ids, k)
             if attention_mask is not None:
                 attention_mask = patch_attention_mask(attention_mask, k)
-            if packed_seq_params is not None:
+            if packed_seq_params is not None and self.config.context_parallel_size > 1:
+                packed_seq_params = patch_packed_seq_params_cp(packed_seq_params, k)
+            elif packed_seq_params is not None:
                 packed_seq_params = patch_packed_seq_params(packed_seq_params, position_ids)
         return super().forward(
             input_ids,
@@ -115,6 +136,10 @@ class PLTGPTModel(GPTModel):
         tp = self.pg_collection.tp
         tp_size = torch.distributed.get_world_size(tp) if tp is not None else 1
         vocab_start = torch.distributed.get_rank(tp) * logits.shape[-1] if tp_size > 1 else 0
+        if self.config.context_parallel_size > 1:
+            # labels were rolled by K before the CP split (patches/swift_megatron_trainers_utils.py): the targets of
+            # each local patch are its own K label slots
+            return plt_local_token_losses(logits, labels, k, vocab_start, tp if tp_size > 1 else None)
         return plt_token_losses(logits, labels, k, vocab_start, tp if tp_size > 1 else None)
 
 
