@@ -446,4 +446,34 @@ def test_cp2_loss_and_grads_equal_one_rank(hf_dir, model_cases, one_rank):
 
 def test_mutation_shift_after_split_changes_the_model_loss(hf_dir, model_cases, one_rank):
     results = spawn(_model_worker, 2, hf_dir, model_cases[:1], 'shift_after_split', cp=2, timeout=900)
+    print('shift after split: loss', results[0][0]['loss'], 'vs 1 rank', one_rank[0]['loss'])
     assert abs(results[0][0]['loss'] - one_rank[0]['loss']) > 1e-3 * abs(one_rank[0]['loss'])
+
+
+def _swiglu_fc1(a, b):
+    """Full linear_fc1 gradient from its TP=2 shards: each rank holds [gate; up] of its half."""
+    return torch.cat([a.view(2, -1, a.shape[-1]), b.view(2, -1, b.shape[-1])], 1).view(-1, a.shape[-1])
+
+
+def test_cp2_tp2_loss_and_grads_equal_one_rank(hf_dir, model_cases, one_rank):
+    """4 gloo ranks, CP=2 x TP=2 (vocab-parallel PLT loss inside each CP rank), packed and padded zigzag."""
+    cases = model_cases[:1] + model_cases[2:3]
+    results = spawn(_model_worker, 4, hf_dir, cases, cp=2, tp=2, timeout=1200)
+    refs = [one_rank[0], one_rank[2]]
+    for i, ref in enumerate(refs):
+        for r in results:
+            assert r[i]['tokens'] == ref['tokens']
+            assert r[i]['loss'] == pytest.approx(ref['loss'], rel=1e-5)
+        worst = 0.0
+        for n, g in ref['grads'].items():
+            a, b = results[0][i]['grads'][n], results[1][i]['grads'][n]  # TP ranks 0, 1 of CP rank 0
+            if a.shape == g.shape and not n.endswith('linear_fc1.weight'):
+                got = a
+            elif n.endswith('linear_fc1.weight'):
+                got = _swiglu_fc1(a, b)
+            else:
+                dim = 0 if a.shape[0] != g.shape[0] else 1
+                got = torch.cat([a, b], dim)[:g.shape[0]]  # the vocab may be padded
+            worst = max(worst, _rel(got, g))
+        print('CP2 x TP2', i, 'loss', results[0][i]['loss'], '1 rank', ref['loss'], 'max rel grad diff', worst)
+        assert worst <= 1e-5

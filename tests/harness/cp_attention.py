@@ -19,7 +19,8 @@ masked (megatron's ``attention_mask_func``), softmax in fp32. The global positio
 partition rule above, independently of ``split_cp_inputs`` (the tests compare the two). With CP=1 it is plain causal
 attention, for padded and packed batches alike. Not covered: dropout (must be 0), sliding windows, attention bias.
 
-``enable(mode)`` swaps it into ``ModelLoader.get_transformer_layer_spec`` of this process (call before building the
+``enable(mode)`` also replaces megatron's ``get_pos_emb_on_this_cp_rank`` (RoPE slice of padded batches under CP)
+by the same code without pinned memory (CPU-only torch has none). It swaps the stand-in into ``ModelLoader.get_transformer_layer_spec`` of this process (call before building the
 model); ``SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous`` does the same from ``harness.install()`` (CLI runs).
 """
 import math
@@ -161,6 +162,28 @@ def enable(mode: str = 'zigzag') -> None:
         return spec
 
     loader.get_transformer_layer_spec = get_transformer_layer_spec
+    _patch_rope_cp_slice()
+
+
+def _patch_rope_cp_slice():
+    """megatron-core 0.16.1 ``rope_utils.get_pos_emb_on_this_cp_rank`` (padded batches under CP: this rank's zigzag
+    chunks of the RoPE table) builds its index with ``pin_memory=True``, which CPU-only torch refuses. The same
+    function without pinned memory, rebound where it is imported by name."""
+    import torch
+    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding
+
+    def get_pos_emb_on_this_cp_rank(pos_emb, seq_dim, cp_group):
+        if cp_group is None:
+            raise ValueError('cp_group must be provided to get positional embedding per CP rank')
+        cp_size, cp_rank = cp_group.size(), cp_group.rank()
+        cp_idx = torch.tensor([cp_rank, (2 * cp_size - cp_rank - 1)], device=pos_emb.device)
+        pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[(seq_dim + 1):])
+        pos_emb = pos_emb.index_select(seq_dim, cp_idx)
+        return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[(seq_dim + 2):])
+
+    for module in (rope_utils, rotary_pos_embedding, yarn_rotary_pos_embedding):
+        if hasattr(module, 'get_pos_emb_on_this_cp_rank'):
+            module.get_pos_emb_on_this_cp_rank = get_pos_emb_on_this_cp_rank
 
 
 def enable_from_env() -> None:
