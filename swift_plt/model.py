@@ -7,6 +7,9 @@
   * ``compute_language_model_loss``: the PLT loss (swift_plt.plt.plt_token_losses), vocab-parallel under TP,
     returned token-aligned [B, S] like upstream's, so ms-swift's ``loss_func`` (sum over labels != -100, per-token
     normalisation across DP) is unchanged.
+Under context parallel (K > 1) the batch arrives split along the sequence, each rank's slice whole patches; the THD
+boundaries then come from the global token-level cu_seqlens (``patch_packed_seq_params_cp``) and the labels were
+rolled by K before the split, so the loss takes each patch's own K label slots (``plt_local_token_losses``).
 With K == 1 both methods are upstream's, called as is. The weights are Llama's, so mcore-bridge's GPTBridge
 converts them unchanged (HF <-> mcore, tied embeddings included).
 """

@@ -98,6 +98,17 @@ def test_collator_pads_every_document_to_2_cp_k(template, cp, padding_free):
     assert (batch['labels'] != IGN).sum() == (ref['labels'] != IGN).sum()  # padding carries no label
 
 
+@pytest.mark.parametrize('padding_free', [True, False])
+def test_k1_under_cp_collates_as_upstream(template, monkeypatch, padding_free):
+    """K=1 with CP: the patched template methods return upstream's batch, bit for bit."""
+    from swift.template.base import Template
+    got = collate(template, ROWS, 2, padding_free, k=1, padding_to=PAD_TAIL)
+    for name in ('_handle_megatron_cp', '_get_megatron_cp_length', '_data_collator', '_encode_truncated'):
+        monkeypatch.setattr(Template, name, getattr(Template, name).__wrapped__)
+    ref = collate(template, ROWS, 2, padding_free, k=1, padding_to=PAD_TAIL)
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in got)
+
+
 def test_padding_free_tail_restarts_every_2_cp_k(template):
     batch = collate(template, ROWS, 2, True, padding_to=PAD_TAIL)  # 192 tokens of documents + 32 of padding
     lengths = segments(batch['position_ids'])

@@ -18,7 +18,11 @@ return of token t+1; for a response of R tokens at the end of the sequence, ``va
 ``values[:, -R-1:-1]`` of the [B, S] output). ``response_to_values`` places [B, R] response tensors there.
 
 Context parallel is refused (``ValueError`` at construction): batches are whole ``[B, S]`` sequences; CP is
-supported for training with ``megatron sft`` (swift_plt.critic.trainer).
+supported for training with ``megatron sft`` (swift_plt.critic.trainer). Not implemented yet (kept refused rather
+than untested): under CP each micro-batch's rows would be padded to a multiple of 2*CP, the value-aligned targets
+padded to [B, S] and split with the tokens (``split_cp_inputs``, as ``split_targets_cp`` does for training), the
+values gathered back to [B, S-1] on every rank (ms-swift's ``reconstruct_tensor_cp``), and the token weights and
+metric sums reduced over the CP group before the loss is scaled.
 
 Loss function (``set_loss_fn``): ``fn(values [b, S-1] fp32, micro_batch) -> (loss, metrics)`` where ``loss`` is the
 mean over the micro-batch's value tokens (``value_mask``); the engine weights micro-batches by their token counts,
