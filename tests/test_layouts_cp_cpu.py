@@ -488,3 +488,71 @@ def test_cp2_tp2_loss_and_grads_equal_one_rank(hf_dir, model_cases, one_rank):
             worst = max(worst, _rel(got, g))
         print('CP2 x TP2', i, 'loss', results[0][i]['loss'], '1 rank', ref['loss'], 'max rel grad diff', worst)
         assert worst <= 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the critic engine (MegatronCritic) at CP=2 against 1 rank
+
+CB, CS, CR = 4, 13, 5  # batch, sequence (not a multiple of 2*CP: the engine pads), response length
+
+
+def _critic_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, VOCAB, (CB, CS), generator=g)
+    attention_mask = torch.ones(CB, CS, dtype=torch.long)
+    attention_mask[1, :3] = 0  # left-padded prompt (verl layout)
+    input_ids[1, :3] = 3
+    returns = torch.rand(CB, CR, generator=g) * 2 - 1
+    mask = torch.ones(CB, CR)
+    mask[2, -2:] = 0
+    return input_ids, attention_mask, returns, mask
+
+
+def _critic_worker(critic_dir, mbs):
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from harness import cp_attention
+    from harness.model import build_mcore_model
+    from swift_plt.critic.engine import MegatronCritic, response_to_values
+    from swift_plt.register import register_critic_mcore
+    cp_attention.enable('zigzag')
+    assert register_critic_mcore()
+    cp = ps.get_context_parallel_world_size()
+    models = build_mcore_model(critic_dir, mcore_model_type='llama3_2_critic',
+                               extra_config={'context_parallel_size': cp})
+    models = [DistributedDataParallel(config=m.config, ddp_config=DistributedDataParallelConfig(), module=m)
+              for m in models]
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer='adam', lr=1e-4, weight_decay=0.0, clip_grad=0.0, bf16=False, fp16=False), models)
+    critic = MegatronCritic(models, optimizer, micro_batch_size=mbs, clip_range=0.2)
+    input_ids, attention_mask, returns, mask = _critic_batch()
+    batch = {'input_ids': input_ids, 'attention_mask': attention_mask}
+    out = {'values': critic.compute_values(batch)}
+    batch.update(returns=response_to_values(returns, CS), value_mask=response_to_values(mask, CS),
+                 old_values=out['values'] + 0.1)
+    out['metrics'] = critic.update_critic(batch)
+    out['values_after'] = critic.compute_values(batch)
+    return out
+
+
+@pytest.fixture(scope='module')
+def critic_dir(tmp_path_factory, hf_dir):
+    from harness.tiny import make_tiny_critic
+    return make_tiny_critic(str(tmp_path_factory.mktemp('critic')), hf_dir)
+
+
+def test_critic_engine_cp2_equals_one_rank(critic_dir):
+    """Values gathered to [B, S-1] on every CP rank, one clipped-loss update with 2 micro-batches: the same values,
+    metrics, gradient norm and updated values as 1 rank (fp32)."""
+    (ref, ) = spawn(_critic_worker, 1, critic_dir, 2)
+    results = spawn(_critic_worker, 2, critic_dir, 2, cp=2)
+    assert ref['values'].shape == (CB, CS - 1)
+    for r in results:
+        torch.testing.assert_close(r['values'], ref['values'], rtol=1e-5, atol=1e-6)
+        for key in ('value_loss', 'explained_variance', 'value_mean', 'grad_norm'):
+            assert r['metrics'][key] == pytest.approx(ref['metrics'][key], rel=1e-5), key
+        torch.testing.assert_close(r['values_after'], ref['values_after'], rtol=1e-4, atol=1e-5)
+    print('critic engine CP=2 vs 1: value_loss', results[0]['metrics']['value_loss'], ref['metrics']['value_loss'],
+          'grad_norm', results[0]['metrics']['grad_norm'], ref['metrics']['grad_norm'])

@@ -33,6 +33,8 @@ _ENABLED = False
 def local_positions(total: int, cp: int, rank: int, mode: str, cu_seqlens=None):
     """Global positions (0..total-1) held by CP rank ``rank``, in local order."""
     import torch
+    if cp == 1:
+        return torch.arange(total)
     if mode == 'contiguous':
         if total % cp:
             raise ValueError(f'CP stand-in: length {total} is not a multiple of CP={cp} (contiguous split)')
