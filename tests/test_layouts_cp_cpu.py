@@ -556,3 +556,41 @@ def test_critic_engine_cp2_equals_one_rank(critic_dir):
         torch.testing.assert_close(r['values_after'], ref['values_after'], rtol=1e-4, atol=1e-5)
     print('critic engine CP=2 vs 1: value_loss', results[0]['metrics']['value_loss'], ref['metrics']['value_loss'],
           'grad_norm', results[0]['metrics']['grad_norm'], ref['metrics']['grad_norm'])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the stock CLI: `megatron pt --patch_size 4 --context_parallel_size 2` == 1 rank at steps 1 and 2
+
+@pytest.mark.slow
+@pytest.mark.parametrize('layout', [['--padding_free', 'false'], ['--padding_free', 'true'],
+                                    ['--padding_free', 'true', '--packing', 'true']], ids=['padded', 'thd', 'packing'])
+def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
+    """The whole ms-swift path (template, collator, trainer, loss, DP x CP reduction, optimizer) through the stock
+    CLI on 2 gloo ranks with the CP attention stand-in (SWIFT_PLT_CPU_CP_ATTENTION), fp32, same data, seed and
+    global batch as 1 rank: loss and grad norm at steps 1 and 2 agree (rel 1e-5)."""
+    import os
+
+    from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
+    from harness.tiny import make_jsonl
+    data = make_jsonl(str(tmp_path / 'train.jsonl'), rows=64)
+    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+
+    def run(name, nproc, *extra):
+        argv = ['megatron', 'pt', '--model', hf_dir, '--model_type', 'llama3_2_plt', '--template', 'llama',
+                '--custom_register_path', custom, '--dataset', data, '--max_length', '64', '--train_iters', '2',
+                '--micro_batch_size', '2', '--global_batch_size', '4', '--lr', '1e-3', '--lr_warmup_iters', '0',
+                '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16',
+                'false', '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
+                '--save_safetensors', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
+                '--output_dir', str(tmp_path / name), *CPU_MEGATRON_ARGS, '--patch_size', '4', *layout, *extra]
+        proc = run_cli(argv, nproc=nproc, timeout=900, env_extra={'SWIFT_PLT_CPU_CP_ATTENTION': 'zigzag'})
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        return [(d['loss'], d['grad_norm']) for d in parse_logs(proc.stdout)], proc.stdout
+
+    cp2, out = run('cp2', 2, '--context_parallel_size', '2')
+    assert 'context_parallel_size=2' in out
+    one, _ = run('one', 1)
+    print(layout, 'CP=2', cp2, '1 rank', one)
+    assert len(one) == len(cp2) == 2
+    for (l2, g2), (l1, g1) in zip(cp2, one):
+        assert l2 == pytest.approx(l1, rel=1e-5) and g2 == pytest.approx(g1, rel=1e-5)
