@@ -4,6 +4,13 @@ Upstream rolls ``labels``/``loss_scale`` by -1 for causal LMs (position t predic
 token-aligned (patch p predicts the tokens of patch p+1, see swift_plt.plt), and the first patch of every document,
 which nothing predicts, is set to -100 so that ms-swift's token count (labels != -100) counts exactly the tokens
 that carry a loss. Also checked here, on the CPU batch before it moves to the GPU: no patch straddles two documents.
+
+Context parallel (K > 1): upstream's CP split (``get_batch_on_this_cp_rank``, after this function) would separate a
+patch from its targets (the next patch's tokens, possibly in another CP chunk). As upstream rolls the labels by 1
+before the split at token level, the labels (and loss_scale) are rolled here by K (swift_plt.plt.roll_patch_labels):
+patch p's own K slots hold its targets, so they are local after the split (the model then uses them unshifted,
+swift_plt.plt.plt_local_token_losses). Checked first: every document / padded row is a multiple of 2*CP*K tokens,
+so the split cuts at patch boundaries. Without CP nothing changes (no roll).
 """
 import functools
 
@@ -29,6 +36,7 @@ def apply(module):
     upstream = guard(module, 'get_batch_on_this_pp_rank', ['args', 'data', 'vp_stage'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
+    from swift_plt import plt as plt_math  # CP helpers looked up at call time (the tests' mutations swap them)
     from swift_plt.plt import check_patch_aligned, mask_first_patch
 
     @functools.wraps(upstream)
@@ -38,8 +46,15 @@ def apply(module):
             return upstream(args, data, vp_stage=vp_stage)
         position_ids = data['position_ids']
         check_patch_aligned(position_ids, k)
+        cp = getattr(args, 'context_parallel_size', 1) or 1
+        if cp > 1:
+            plt_math.check_cp_patch_layout(position_ids, k, cp, bool(getattr(args, 'padding_free', False)))
         if data.get('labels') is not None:
             data['labels'] = mask_first_patch(data['labels'], position_ids, k)
+            if cp > 1:
+                data['labels'] = plt_math.roll_patch_labels(data['labels'], k)
+        if cp > 1 and data.get('loss_scale') is not None:
+            data['loss_scale'] = plt_math.roll_patch_labels(data['loss_scale'], k)
         return upstream(_WithoutLabelRoll(args), data, vp_stage=vp_stage)
 
     get_batch_on_this_pp_rank._swift_plt = True

@@ -1,4 +1,5 @@
-"""ms-swift ``swift.template.base.Template``: ``_encode_truncated`` and ``_data_collator``.
+"""ms-swift ``swift.template.base.Template``: ``_encode_truncated``, ``_data_collator``, ``_handle_megatron_cp`` and
+``_get_megatron_cp_length``.
 
 PLT (``template.plt_patch_size`` K > 1): pad every encoded document (input_ids with the pad token, labels -100,
 loss_scale 0) to a multiple of K, so that no patch straddles two documents in padding-free/packed batches and
@@ -7,11 +8,19 @@ every count of `labels != -100` (ms-swift's per-token normalisation on both back
 `num_items_in_batch`) counts exactly the tokens that carry a PLT loss. Runs before packing, so packed lengths include
 the padding. ``--max_length`` is required to be a multiple of K, so padding never exceeds it.
 
+PLT under Megatron context parallel (K > 1, ``sequence_parallel_size`` = CP > 1): upstream pads every document
+(padding-free) or row (padded) to a multiple of 2*CP in the collator (``_handle_megatron_cp``, and
+``_get_megatron_cp_length`` for the same length); here it is 2*CP*K (swift_plt.plt.cp_multiple), so the CP split
+cuts at patch boundaries and every document has a multiple of 2*CP patches. Padding-free batches that upstream pads
+at the end (``padding_to``) get position ids restarting every 2*CP tokens; at K > 1 every 2*CP*K tokens instead, so
+those padding documents are whole patches too (the tail is a multiple of 2*CP*K: ``get_padding_to`` is K times
+upstream's, an even multiple of CP).
+
 Critic (``template.critic_clipped`` not None, set for --model_type llama3_2_critic): the row's "returns"/"reward"/
 "old_values" become token-aligned float lists next to ``labels`` (swift_plt.critic.data.encode_targets, which
 validates them while the dataset is encoded, before step 1), and the collator lays them out like ``input_ids``
 (padded or padding-free; under Megatron context parallel each row is padded to the collator's CP row length,
-``Template._get_megatron_cp_length``, before packing, as upstream pads input_ids/labels). Otherwise both methods return upstream's result untouched."""
+``Template._get_megatron_cp_length``, before packing, as upstream pads input_ids/labels). Otherwise every method returns upstream's result untouched."""
 import functools
 
 from ._guard import check_once, guard
@@ -21,11 +30,18 @@ VERIFIED = 'ms-swift 4.6.0'
 
 
 def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
-    from swift_plt.plt import IGNORE_INDEX, pad_to_multiple
+    from swift_plt.plt import IGNORE_INDEX
     if encoded.get('labels') is not None:  # the first patch (the model masks it too: swift_plt.plt.mask_first_patch)
         encoded['labels'] = [IGNORE_INDEX] * min(patch_size, len(encoded['labels'])) + list(
             encoded['labels'][patch_size:])
-    n = pad_to_multiple(len(encoded['input_ids']), patch_size)
+    return pad_encoded_to(encoded, patch_size, pad_token_id)
+
+
+def pad_encoded_to(encoded: dict, multiple: int, pad_token_id: int) -> dict:
+    """Pad an encoded document (input_ids with the pad token, labels -100, loss_scale 0, length) to a multiple of
+    ``multiple`` tokens, as upstream's ``Template._handle_megatron_cp`` does for 2*CP."""
+    from swift_plt.plt import IGNORE_INDEX, pad_to_multiple
+    n = pad_to_multiple(len(encoded['input_ids']), multiple)
     if n:
         encoded['input_ids'] = list(encoded['input_ids']) + [pad_token_id] * n
         for key, value in (('labels', IGNORE_INDEX), ('loss_scale', 0)):
@@ -36,12 +52,23 @@ def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
     return encoded
 
 
+def _plt_cp(template) -> int:
+    """2*CP*K when the template collates PLT batches for Megatron context parallel, else 0."""
+    from swift_plt.plt import cp_multiple
+    k = getattr(template, 'plt_patch_size', 1)
+    cp = getattr(template, 'sequence_parallel_size', 1) or 1
+    if k > 1 and cp > 1 and getattr(template, 'use_megatron', False):
+        return cp_multiple(k, cp)
+    return 0
+
+
 def apply(module):
     check_once()
     cls = module.Template
     upstream = guard(cls, '_encode_truncated', ['self', 'inputs'], VERIFIED)
     upstream_collator = guard(cls, '_data_collator', ['self', 'batch'], VERIFIED)
-    guard(cls, '_get_megatron_cp_length', ['self', 'length'], VERIFIED)  # row padding under CP (critic collate)
+    upstream_cp_length = guard(cls, '_get_megatron_cp_length', ['self', 'length'], VERIFIED)  # row padding under CP
+    upstream_handle_cp = guard(cls, '_handle_megatron_cp', ['self', 'batch'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
     from swift_plt.critic.data import TARGET_KEYS, TOKEN_KEYS, collate_token_lists, encode_targets
@@ -67,10 +94,35 @@ def apply(module):
     _encode_truncated._swift_plt = True
     cls._encode_truncated = _encode_truncated
 
+    @functools.wraps(upstream_cp_length)
+    def _get_megatron_cp_length(self, length):
+        m = _plt_cp(self)
+        return upstream_cp_length(self, length) if not m else -(-length // m) * m
+
+    _get_megatron_cp_length._swift_plt = True
+    cls._get_megatron_cp_length = _get_megatron_cp_length
+
+    @functools.wraps(upstream_handle_cp)
+    def _handle_megatron_cp(self, batch):
+        m = _plt_cp(self)
+        if m:
+            pad_id = self.tokenizer.pad_token_id
+            for encoded in batch:
+                pad_encoded_to(encoded, m, pad_id)
+        return upstream_handle_cp(self, batch)  # then a no-op padding: already a multiple of 2*CP
+
+    _handle_megatron_cp._swift_plt = True
+    cls._handle_megatron_cp = _handle_megatron_cp
+
     @functools.wraps(upstream_collator)
     def _data_collator(self, batch, *, padding_to=None):
         lists = {k: [b.pop(k) for b in batch] for k in TOKEN_KEYS if batch and k in batch[0]}
+        m = _plt_cp(self) if self.padding_free else 0
+        if m:  # the documents' length once padded (by _handle_megatron_cp, inside the upstream collator)
+            content = sum(self._get_megatron_cp_length(len(b['input_ids'])) for b in batch)
         res = upstream_collator(self, batch, padding_to=padding_to)
+        if m:
+            _plt_cp_tail_positions(res, content, m)
         if lists:
             length = res['input_ids'].shape[-1]
             res.update({
@@ -81,3 +133,20 @@ def apply(module):
 
     _data_collator._swift_plt = True
     cls._data_collator = _data_collator
+
+
+def _plt_cp_tail_positions(res: dict, content: int, multiple: int) -> None:
+    """Padding-free batch under CP at K > 1: position ids of the padding after the documents restart every
+    ``multiple`` (2*CP*K) tokens, not every 2*CP, so each padding document is whole patches and splits like one."""
+    import torch
+    pos = res['position_ids']
+    tail = pos.shape[-1] - content
+    if tail <= 0:
+        return
+    if tail % multiple:
+        raise ValueError(f'PLT with context parallel: the padding-free batch ends with {tail} padding tokens, not a '
+                         f'multiple of 2 x context_parallel_size x patch_size = {multiple} (padding_to should be a '
+                         'multiple of it; report this with your command line).')
+    pos = pos.clone()
+    pos[..., content:] = torch.arange(multiple, dtype=pos.dtype).repeat(tail // multiple)
+    res['position_ids'] = pos

@@ -48,8 +48,13 @@ def check_plt_supported(args, k: int) -> None:
         problems.append('--mtp_num_layers (multi-token prediction is not supported with PLT; drop it)')
     if getattr(args, 'is_multimodal', False):
         problems.append('a multimodal model (PLT supports text-only Llama models)')
-    if getattr(args, 'context_parallel_size', 1) > 1:
-        problems.append('--context_parallel_size > 1 (not supported with PLT yet; use TP/PP/DP)')
+    if (getattr(args, 'context_parallel_size', 1) or 1) > 1 and getattr(args, 'cp_partition_mode',
+                                                                         'zigzag') != 'zigzag':
+        # Transformer Engine's CP attention (Llama's) and megatron's RoPE slicing for padded batches implement the
+        # zigzag layout only; the contiguous split is a DeepSeek-V4 layout (its own attention).
+        problems.append(f'--cp_partition_mode {args.cp_partition_mode} with --context_parallel_size > 1 (the '
+                        'attention of a dense Llama under context parallel assumes the zigzag split; use '
+                        '--cp_partition_mode zigzag, the default)')
     if getattr(args, 'sequence_parallel', False):
         problems.append('--sequence_parallel true (not supported with PLT yet; drop it)')
     for name in ('max_length', 'packing_length', 'seq_length'):

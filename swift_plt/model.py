@@ -7,6 +7,9 @@
   * ``compute_language_model_loss``: the PLT loss (swift_plt.plt.plt_token_losses), vocab-parallel under TP,
     returned token-aligned [B, S] like upstream's, so ms-swift's ``loss_func`` (sum over labels != -100, per-token
     normalisation across DP) is unchanged.
+Under context parallel (K > 1) the batch arrives split along the sequence, each rank's slice whole patches; the THD
+boundaries then come from the global token-level cu_seqlens (``patch_packed_seq_params_cp``) and the labels were
+rolled by K before the split, so the loss takes each patch's own K label slots (``plt_local_token_losses``).
 With K == 1 both methods are upstream's, called as is. The weights are Llama's, so mcore-bridge's GPTBridge
 converts them unchanged (HF <-> mcore, tied embeddings included).
 """
@@ -19,7 +22,8 @@ from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 
-from .plt import patch_attention_mask, patch_cu_seqlens, patch_position_ids, plt_token_losses, pool_patches
+from .plt import (cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens, patch_position_ids,
+                  plt_local_token_losses, plt_token_losses, pool_patches)
 
 
 @dataclass
@@ -37,7 +41,6 @@ class PLTModelConfig(ModelConfig):
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
-                'context_parallel_size > 1': self.context_parallel_size > 1,
                 'sequence_parallel': self.sequence_parallel,
             }
             bad = [k for k, v in unsupported.items() if v]
@@ -74,6 +77,25 @@ def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor, patch_si
     return params
 
 
+def patch_packed_seq_params_cp(packed_seq_params, patch_size: int):
+    """Context parallel: token-level THD PackedSeqParams of the whole packed sequence -> patch level (a copy).
+
+    Under CP the local position_ids are a slice, so the boundaries come from the global token-level cu_seqlens
+    (every document a multiple of 2*CP*K tokens, checked before the split) divided by K; the padded variants too."""
+    params = copy.copy(packed_seq_params)
+    params.cu_seqlens_q = cp_patch_cu_seqlens(packed_seq_params.cu_seqlens_q, patch_size)
+    params.cu_seqlens_kv = cp_patch_cu_seqlens(packed_seq_params.cu_seqlens_kv, patch_size)
+    for name in ('cu_seqlens_q_padded', 'cu_seqlens_kv_padded'):
+        value = getattr(packed_seq_params, name, None)
+        if value is not None:
+            setattr(params, name, cp_patch_cu_seqlens(value, patch_size))
+    params.max_seqlen_q = int((params.cu_seqlens_q[1:] - params.cu_seqlens_q[:-1]).max())
+    params.max_seqlen_kv = int((params.cu_seqlens_kv[1:] - params.cu_seqlens_kv[:-1]).max())
+    if hasattr(params, 'total_tokens') and getattr(packed_seq_params, 'total_tokens', None) is not None:
+        params.total_tokens = packed_seq_params.total_tokens // patch_size
+    return params
+
+
 class PLTGPTModel(GPTModel):
     config: PLTModelConfig
 
@@ -105,7 +127,9 @@ class PLTGPTModel(GPTModel):
             position_ids = patch_position_ids(position_ids, k)
             if attention_mask is not None:
                 attention_mask = patch_attention_mask(attention_mask, k)
-            if packed_seq_params is not None:
+            if packed_seq_params is not None and self.config.context_parallel_size > 1:
+                packed_seq_params = patch_packed_seq_params_cp(packed_seq_params, k)
+            elif packed_seq_params is not None:
                 packed_seq_params = patch_packed_seq_params(packed_seq_params, position_ids, k)
         return super().forward(
             input_ids,
@@ -128,9 +152,14 @@ class PLTGPTModel(GPTModel):
         tp = self.pg_collection.tp
         tp_size = torch.distributed.get_world_size(tp) if tp is not None else 1
         vocab_start = torch.distributed.get_rank(tp) * logits.shape[-1] if tp_size > 1 else 0
+        group = tp if tp_size > 1 else None
         # The logits come straight from the output layer, whose backward does not keep them: the fused loss (CUDA)
         # writes their gradient into their storage (inplace_grad), the torch path ignores the flag.
-        return plt_token_losses(logits, labels, k, vocab_start, tp if tp_size > 1 else None, inplace_grad=True)
+        if self.config.context_parallel_size > 1:
+            # labels were rolled by K before the CP split (patches/swift_megatron_trainers_utils.py): the targets of
+            # each local patch are its own K label slots
+            return plt_local_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)
+        return plt_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)
 
 
 class PLTModelLoader(ModelLoader):

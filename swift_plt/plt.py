@@ -160,6 +160,27 @@ def fused_loss_enabled(logits: torch.Tensor) -> bool:
     return triton_available()
 
 
+def patch_nll(logits: torch.Tensor,
+              target: torch.Tensor,
+              vocab_start: int = 0,
+              group: Optional['dist.ProcessGroup'] = None,
+              impl: Optional[str] = None,
+              inplace_grad: bool = False) -> torch.Tensor:
+    """NLL [P, B, K] of the targets [P, B, K] of each row of logits [P, B, V_local] under one softmax.
+
+    impl: 'torch' (``_PatchCrossEntropy``, the reference), 'triton' (``swift_plt.plt_triton``, the fused kernel) or
+    None: 'triton' on CUDA (``fused_loss_enabled``), else 'torch'. inplace_grad (Triton only): backward writes the
+    gradient into the logits' storage (only when no other autograd node keeps the logits)."""
+    if impl is None:
+        impl = 'triton' if fused_loss_enabled(logits) else 'torch'
+    if impl == 'triton':
+        from .plt_triton import patch_cross_entropy_triton
+        return patch_cross_entropy_triton(logits, target, vocab_start, group, inplace_grad)
+    if impl == 'torch':
+        return _PatchCrossEntropy.apply(logits, target, vocab_start, group)
+    raise ValueError(f"PLT: impl must be 'torch', 'triton' or None, not {impl!r}.")
+
+
 def plt_token_losses(logits: torch.Tensor,
                      labels: torch.Tensor,
                      patch_size: int,
@@ -171,9 +192,7 @@ def plt_token_losses(logits: torch.Tensor,
 
     logits: [P, B, V_local] patch outputs (V_local = V / tp; this rank holds ids [vocab_start, vocab_start+V_local)).
     labels: [B, S] token-aligned (not rolled), S = K * P, -100 ignored.
-    impl: 'torch' (``_PatchCrossEntropy``, the reference), 'triton' (``swift_plt.plt_triton``, the fused kernel) or
-    None: 'triton' on CUDA (``fused_loss_enabled``), else 'torch'. inplace_grad (Triton only): backward writes the
-    gradient into the logits' storage (only when no other autograd node keeps the logits).
+    impl, inplace_grad: which kernel (see ``patch_nll``).
     Returns [B, S] float32: entry t is -log p(labels[t] | patch t//K - 1); 0 where labels[t] == -100 and in the
     first patch (which must be -100, see ``mask_first_patch``). Sum it over labels != -100 and divide by their count
     for the loss.
@@ -183,14 +202,82 @@ def plt_token_losses(logits: torch.Tensor,
         raise ValueError(f'PLT: labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)} '
                          f'at patch_size {patch_size}.')
     target = shift_patch_targets(labels, patch_size)
-    if impl is None:
-        impl = 'triton' if fused_loss_enabled(logits) else 'torch'
-    if impl == 'triton':
-        from .plt_triton import patch_cross_entropy_triton
-        nll = patch_cross_entropy_triton(logits, target, vocab_start, group, inplace_grad)
-    elif impl == 'torch':
-        nll = _PatchCrossEntropy.apply(logits, target, vocab_start, group)  # [P, B, K], patch p -> tokens of p+1
-    else:
-        raise ValueError(f"PLT: impl must be 'torch', 'triton' or None, not {impl!r}.")
+    nll = patch_nll(logits, target, vocab_start, group, impl, inplace_grad)  # [P, B, K], patch p -> tokens of p+1
     nll = nll.permute(1, 0, 2)[:, :-1]  # [B, P-1, K]
     return torch.cat([nll.new_zeros(B, 1, patch_size), nll], dim=1).reshape(B, P * patch_size)
+
+
+# ---- context parallel (CP) -------------------------------------------------------------------------------------
+# ms-swift splits the token-level batch along the sequence before the model (mcore-bridge ``split_cp_inputs``:
+# zigzag = every packed document, or every padded row, cut into 2*CP equal chunks, rank r keeping chunks r and
+# 2*CP-1-r; contiguous = the flattened sequence cut into CP blocks). At patch size K the cuts must fall on patch
+# boundaries and the patch sequence must keep what CP attention needs of a token sequence (every document/row a
+# multiple of 2*CP patches): every document (padding-free) or row (padded) is a multiple of 2*CP*K tokens.
+
+
+def cp_multiple(patch_size: int, cp_size: int) -> int:
+    """Token multiple of every document (padding-free/packed) or padded row at patch size K under CP."""
+    return 2 * cp_size * patch_size
+
+
+def check_cp_patch_layout(position_ids: torch.Tensor, patch_size: int, cp_size: int, padding_free: bool) -> None:
+    """Raise unless the CP split of this (global, not yet split) batch cuts at patch boundaries: every padded row,
+    or every packed document (a run starting where the position is 0), is a multiple of 2*CP*K tokens."""
+    m = cp_multiple(patch_size, cp_size)
+    S = position_ids.shape[-1]
+    if not padding_free:
+        if S % m:
+            raise ValueError(f'PLT with context parallel: the padded batch length {S} is not a multiple of '
+                             f'2 x context_parallel_size x patch_size = {m}; swift-plt pads every row to it when it '
+                             'collates the batch (is the plugin enabled for the data path?).')
+        return
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos == 0, as_tuple=False).reshape(-1)
+    lengths = torch.diff(torch.cat([starts, starts.new_tensor([pos.numel()])]))
+    bad = lengths % m != 0
+    if starts.numel() == 0 or int(starts[0]) != 0 or bool(bad.any()):
+        n = int(lengths[bad][0]) if bool(bad.any()) else -1
+        raise ValueError(f'PLT with context parallel: a packed document of {n} tokens is not a multiple of 2 x '
+                         f'context_parallel_size x patch_size = {m}, so the CP split would cut a patch or the '
+                         'patch-level CP attention would see a document that does not split into 2 x CP chunks. '
+                         'swift-plt pads every document to it when it collates the batch (is the plugin enabled '
+                         'for the data path?).')
+
+
+def roll_patch_labels(labels: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """CP: token-aligned labels [..., S] -> labels rolled by K (slot t holds label t+K), before the CP split.
+
+    Patch p's own K slots then hold the tokens of patch p+1, its targets, so every rank's targets are local after
+    the split (upstream rolls by 1 for token-level training, the same idea). The first patch of every document must
+    already be -100 (``mask_first_patch``): then the last patch of a document receives -100 (nothing predicted
+    across a document boundary), and so does the last patch of the row (the wrap-around)."""
+    return torch.roll(labels, -patch_size, dims=-1)
+
+
+def plt_local_token_losses(logits: torch.Tensor,
+                           rolled_labels: torch.Tensor,
+                           patch_size: int,
+                           vocab_start: int = 0,
+                           group: Optional['dist.ProcessGroup'] = None,
+                           impl: Optional[str] = None,
+                           inplace_grad: bool = False) -> torch.Tensor:
+    """Per-token PLT losses for labels already rolled by K (``roll_patch_labels``, CP): [B, S] float32 aligned with
+    ``rolled_labels``; entry t is -log p(rolled_labels[t] | patch t // K) (no shift: patch p's targets are its own
+    K slots), 0 where the label is -100. Summed over the ranks' slots it equals ``plt_token_losses`` summed over
+    the unrolled labels (the same (patch, target) pairs)."""
+    P, B, _ = logits.shape
+    if rolled_labels.shape != (B, P * patch_size):
+        raise ValueError(f'PLT: labels {tuple(rolled_labels.shape)} do not match logits {tuple(logits.shape)} '
+                         f'at patch_size {patch_size}.')
+    target = rolled_labels.reshape(B, P, patch_size).permute(1, 0, 2).contiguous()
+    nll = patch_nll(logits, target, vocab_start, group, impl, inplace_grad)  # [P, B, K]
+    return nll.permute(1, 0, 2).reshape(B, P * patch_size)
+
+
+def cp_patch_cu_seqlens(cu_seqlens: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """Token-level cumulative lengths of the whole (global) packed sequence -> patch level (CP: the model sees its
+    local slice but the attention takes the global boundaries). Every boundary must be a multiple of K."""
+    if bool((cu_seqlens % patch_size != 0).any()):
+        raise ValueError(f'PLT: packed sequence boundaries {cu_seqlens.tolist()} are not multiples of patch_size '
+                         f'{patch_size}.')
+    return torch.div(cu_seqlens, patch_size, rounding_mode='floor').to(torch.int32)

@@ -49,7 +49,7 @@ def test_patch_size_below_one(k):
     (dict(is_multimodal=True), r'multimodal'),
     (dict(task_type='seq_cls'), r'--task_type seq_cls'),
     (dict(rlhf_type='dpo'), r'rlhf_type=dpo'),
-    (dict(context_parallel_size=2), r'--context_parallel_size'),
+    (dict(context_parallel_size=2, cp_partition_mode='contiguous'), r'--cp_partition_mode contiguous'),
     (dict(sequence_parallel=True), r'--sequence_parallel'),
 ])
 def test_unsupported_combinations_fail_with_what_to_change(kw, message):
@@ -57,6 +57,11 @@ def test_unsupported_combinations_fail_with_what_to_change(kw, message):
         resolve_patch_size(make_args(patch_size=4, **kw))
     # ... and none of them matter at K=1
     assert resolve_patch_size(make_args(patch_size=1, **kw)) == 1
+
+
+def test_context_parallel_zigzag_is_accepted():
+    assert resolve_patch_size(make_args(patch_size=4, context_parallel_size=2, cp_partition_mode='zigzag')) == 4
+    assert resolve_patch_size(make_args(patch_size=4, context_parallel_size=1, cp_partition_mode='contiguous')) == 4
 
 
 def make_hf_args(**kw):

@@ -187,11 +187,14 @@ def test_collated_targets_stay_on_their_tokens_under_cp(template, cp, padding_fr
                 assert r == 0.0, (key, tok, r)
 
 
-def test_engine_refuses_context_parallel():
+def test_engine_under_context_parallel_needs_ddp_for_updates():
+    """The engine runs under CP (tests/test_layouts_cp_cpu.py: CP=2 == 1 rank); updates need megatron DDP, which
+    sums the CP ranks' gradients: a bare model with an optimizer is refused with what to do."""
     from swift_plt.critic.engine import MegatronCritic
     model = torch.nn.Linear(1, 1)
     model.config = SimpleNamespace(context_parallel_size=2, grad_scale_func=None, finalize_model_grads_func=None)
-    with pytest.raises(ValueError, match=r'MegatronCritic does not support context parallel \(context_parallel_size=2'):
-        MegatronCritic([model])
+    with pytest.raises(ValueError, match=r'context parallel \(context_parallel_size=2\) trains a megatron DDP'):
+        MegatronCritic([model], torch.optim.SGD(model.parameters(), lr=0.1))
+    MegatronCritic([model])  # values only (no optimizer): accepted
     model.config.context_parallel_size = 1
-    MegatronCritic([model])  # the same model without CP is accepted
+    MegatronCritic([model], torch.optim.SGD(model.parameters(), lr=0.1))  # without CP: accepted

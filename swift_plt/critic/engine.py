@@ -17,8 +17,13 @@ Alignment (swift_plt.critic.data): ``values[:, t]`` is the value of the state af
 return of token t+1; for a response of R tokens at the end of the sequence, ``values[:, -R:]`` (verl's
 ``values[:, -R-1:-1]`` of the [B, S] output). ``response_to_values`` places [B, R] response tensors there.
 
-Context parallel is refused (``ValueError`` at construction): batches are whole ``[B, S]`` sequences; CP is
-supported for training with ``megatron sft`` (swift_plt.critic.trainer).
+Context parallel (the model built with ``context_parallel_size`` N > 1, megatron DDP-wrapped for updates): each
+micro-batch's rows are right-padded to a multiple of 2*N tokens and split like ms-swift splits a padded batch
+(mcore-bridge ``split_cp_inputs``, zigzag: the layout of Transformer Engine's CP attention); the per-token values are
+gathered back (ms-swift ``reconstruct_tensor_cp``, which keeps the autograd graph of this rank's slice) to the
+caller's ``[B, S-1]`` layout on every rank. The loss function therefore sees the whole micro-batch, as without CP,
+on every CP rank; its gradient reaches the weights through each rank's own slice only, and megatron sums the ranks'
+gradients (DDP over data x context parallel, the schedule's CP factor), so the step is the 1-rank step.
 
 Loss function (``set_loss_fn``): ``fn(values [b, S-1] fp32, micro_batch) -> (loss, metrics)`` where ``loss`` is the
 mean over the micro-batch's value tokens (``value_mask``); the engine weights micro-batches by their token counts,
@@ -134,12 +139,12 @@ class MegatronCritic:
         self.clip_range = clip_range
         self.loss_fn = loss_fn or self.default_loss_fn
         config = get_model_config(self.models[0])
-        if getattr(config, 'context_parallel_size', 1) > 1:
-            raise ValueError(f'MegatronCritic does not support context parallel (context_parallel_size='
-                             f'{config.context_parallel_size}): its batches are whole [B, S] sequences and values() '
-                             'shifts by one token, which would cross CP slices. Build the engine\'s model with '
-                             'context_parallel_size=1 (use TP/PP/DP); CP is supported for critic training with '
-                             '`megatron sft --model_type llama3_2_critic`.')
+        self.cp_size = getattr(config, 'context_parallel_size', 1) or 1
+        if self.cp_size > 1 and optimizer is not None and not hasattr(self.models[0], 'zero_grad_buffer'):
+            raise ValueError(f'MegatronCritic with context parallel (context_parallel_size={self.cp_size}) trains a '
+                             'megatron DDP-wrapped model (megatron.core.distributed.DistributedDataParallel): the '
+                             'gradients of the CP ranks must be summed. Wrap the model chunks in DDP, as ms-swift '
+                             'does.')
         if optimizer is not None and hasattr(optimizer, 'scale_loss') and config.grad_scale_func is None:
             config.grad_scale_func = optimizer.scale_loss
         if hasattr(self.models[0], 'zero_grad_buffer') and config.finalize_model_grads_func is None:
@@ -204,14 +209,19 @@ class MegatronCritic:
                          for mb in micro_batches]
         total_tokens = None if forward_only else sum(float(mb['value_mask'].sum()) for mb in micro_batches)
         num_mb = len(micro_batches)
+        S = batch['input_ids'].shape[1]
+        cp_inputs = [self._cp_split(mb) for mb in micro_batches]
+        seq_length = cp_inputs[0]['input_ids'].shape[1] * self.cp_size
+        data = iter(list(zip(micro_batches, cp_inputs)))
 
         def forward_step(data_iterator, model):
-            mb = next(data_iterator)
+            mb, inputs = next(data_iterator)
             # rows are left-aligned (padding at the right only): the causal mask is exact for every token, on every
             # attention backend (see left_align); outputs at padding positions are never used
-            output = model(input_ids=mb['input_ids'], position_ids=mb['position_ids'], attention_mask=None)
+            output = model(input_ids=inputs['input_ids'], position_ids=inputs['position_ids'], attention_mask=None)
 
             def loss_func(output_tensor):
+                output_tensor = self._cp_gather(output_tensor)[:, :S]  # [b, S, 1], every CP rank
                 values = values_of(output_tensor).float()  # [b, S-1], value-aligned
                 if forward_only:
                     return values.sum() * 0, {'values': values.detach()}
@@ -228,12 +238,30 @@ class MegatronCritic:
 
         return get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(micro_batches),
+            data_iterator=data,
             model=self.models,
             num_microbatches=num_mb,
-            seq_length=batch['input_ids'].shape[1],
+            seq_length=seq_length,
             micro_batch_size=micro_batches[0]['input_ids'].shape[0],
             forward_only=forward_only)
+
+    def _cp_split(self, mb):
+        """This CP rank's slice of a micro-batch's token inputs: rows right-padded to a multiple of 2*CP, then
+        split along the sequence (zigzag, as ms-swift splits a padded batch). Without CP: the inputs as they are."""
+        inputs = {k: mb[k] for k in ('input_ids', 'position_ids')}
+        if self.cp_size == 1:
+            return inputs
+        from mcore_bridge import split_cp_inputs
+        S = inputs['input_ids'].shape[1]
+        pad = -S % (2 * self.cp_size)  # right padding: the causal mask keeps it out of every real token
+        return {k: split_cp_inputs(torch.nn.functional.pad(v, (0, pad)), None, 1) for k, v in inputs.items()}
+
+    def _cp_gather(self, output):
+        """[b, S/CP, 1] of this rank -> [b, S, 1] in sequence order (autograd through this rank's slice)."""
+        if self.cp_size == 1:
+            return output
+        from swift.megatron.utils import reconstruct_tensor_cp
+        return reconstruct_tensor_cp(output, None, dim=1, cp_partition_mode='zigzag')
 
     def zero_grad(self) -> None:
         for m in self.models:

@@ -7,7 +7,8 @@ Public API
   init_megatron(rank, world_size, tp, pp)     gloo + megatron parallel state in this process (dist.py)
   init_single_process_megatron(tp=1, pp=1)    the same for a world of one
   destroy_megatron()
-  spawn(fn, world_size, *args, tp, pp)        run fn on N gloo ranks in fresh processes, return results
+  spawn(fn, world_size, *args, tp, pp, cp)    run fn on N gloo ranks in fresh processes, return results
+  cp_attention.enable(mode)                   CPU stand-in for TE's context-parallel attention (also THD), cp_attention.py
   build_mcore_model(hf_dir, ...) -> [model]   mcore-bridge model(s) with HF weights, as ms-swift builds them (model.py)
   mcore_logits(models, input_ids)             full-vocab logits through TP gather / PP schedule
   hf_logits(hf_dir, input_ids)                HF reference logits

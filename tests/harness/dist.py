@@ -23,10 +23,11 @@ def _set_threads():
 
 
 def init_megatron(*, rank: int = 0, world_size: int = 1, tp: int = 1, pp: int = 1, port: int = None,
-                  seed: int = 42):
+                  seed: int = 42, cp: int = 1):
     """``install()``, gloo process group, ``initialize_model_parallel(tp, pp)`` and megatron's RNG seeding.
 
-    ``world_size`` must be a multiple of ``tp * pp`` (the rest is data parallel). Seeding follows
+    ``world_size`` must be a multiple of ``tp * pp * cp`` (the rest is data parallel; ``cp``: context parallel, which
+    needs the CPU CP attention stand-in, ``harness.cp_attention``). Seeding follows
     ``mcore_bridge.set_random_seed`` (pipeline stage p gets ``seed + 1009 * p``).
     """
     install()
@@ -36,15 +37,16 @@ def init_megatron(*, rank: int = 0, world_size: int = 1, tp: int = 1, pp: int = 
     import torch.distributed as dist
     from megatron.core import parallel_state, tensor_parallel
 
-    if world_size % (tp * pp):
-        raise ValueError(f'world_size {world_size} is not a multiple of tp*pp = {tp * pp}')
+    if world_size % (tp * pp * cp):
+        raise ValueError(f'world_size {world_size} is not a multiple of tp*pp*cp = {tp * pp * cp}')
     if not dist.is_initialized():
         os.environ.setdefault('MASTER_ADDR', '127.0.0.1')
         os.environ['MASTER_PORT'] = str(port or os.environ.get('MASTER_PORT') or free_port())
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           LOCAL_WORLD_SIZE=str(world_size))
         dist.init_process_group('gloo', rank=rank, world_size=world_size)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             context_parallel_size=cp)
     seed = seed + 1009 * parallel_state.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)
@@ -77,9 +79,9 @@ def _loads(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue):
+def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1):
     try:
-        init_megatron(rank=rank, world_size=world_size, tp=tp, pp=pp, port=port, seed=seed)
+        init_megatron(rank=rank, world_size=world_size, tp=tp, pp=pp, port=port, seed=seed, cp=cp)
         result = fn(*args)
         queue.put((rank, True, _dumps(result)))
     except BaseException:
@@ -93,9 +95,9 @@ def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue):
 
 
 def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: int = 42,
-          timeout: float = 300) -> List[Any]:
+          timeout: float = 300, cp: int = 1) -> List[Any]:
     """Run ``fn(*args)`` in ``world_size`` fresh processes joined in a gloo group with megatron parallel state
-    ``(tp, pp)`` initialised; return the per-rank results (rank order).
+    ``(tp, pp, cp)`` initialised; return the per-rank results (rank order).
 
     ``fn`` and ``args`` must be picklable (``fn`` defined at module level). Results travel through ``torch.save``,
     so tensors are fine. A fresh interpreter per rank also isolates megatron's global state (and the RoPE hazard,
@@ -107,7 +109,7 @@ def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: 
     queue = ctx.SimpleQueue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue))
+        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue, cp))
         for rank in range(world_size)
     ]
     env_before = os.environ.get('OMP_NUM_THREADS')

@@ -332,6 +332,8 @@ def install():
     _imports.when_imported('megatron.core.jit', _patch_megatron_jit)  # P10
     _imports.when_imported('megatron.core.fusions.fused_softmax', _patch_fused_softmax)  # P11
     _imports.when_imported('mcore_bridge.model.gpt_model', _patch_gpt_model)  # P12
+    from .cp_attention import enable_from_env
+    enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 
 
 def is_installed() -> bool:
