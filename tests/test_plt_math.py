@@ -229,7 +229,9 @@ def _vocab_split_worker(rank, world, port, logits_full, labels, k, queue):
         losses = plt.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD)
         mask = labels != IGN
         ((losses * mask).sum() / mask.sum()).backward()
-        queue.put((rank, losses.detach(), shard.grad))
+        # numpy, not tensors: a tensor crosses the queue through shared memory, which fails (ConnectionResetError,
+        # seen) when this rank exits before the parent has opened it
+        queue.put((rank, losses.detach().numpy(), shard.grad.numpy()))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -253,7 +255,7 @@ def test_loss_vocab_parallel_matches_full_vocab(world):
     procs = [ctx.Process(target=_vocab_split_worker, args=(r, world, port, logits, labels, k, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict((r, (l, g)) for r, l, g in (queue.get(timeout=120) for _ in procs))
+    results = {r: (torch.from_numpy(l), torch.from_numpy(g)) for r, l, g in (queue.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
