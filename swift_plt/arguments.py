@@ -50,8 +50,6 @@ def check_plt_supported(args, k: int) -> None:
         problems.append('a multimodal model (PLT supports text-only Llama models)')
     if getattr(args, 'context_parallel_size', 1) > 1:
         problems.append('--context_parallel_size > 1 (not supported with PLT yet; use TP/PP/DP)')
-    if getattr(args, 'sequence_parallel', False):
-        problems.append('--sequence_parallel true (not supported with PLT yet; drop it)')
     for name in ('max_length', 'packing_length', 'seq_length'):
         value = getattr(args, name, None)
         if value and value % k:

@@ -51,6 +51,12 @@ PATCHES (id: upstream target -- what and why)
     under the data-parallel RNG (when ``perform_initialization``), ``allreduce=True`` and
     ``sequence_parallel=config.sequence_parallel`` on the weight, forward ``(x @ W^T, None)``, and a replicated
     sharded state dict (megatron's ``make_sharded_tensors_for_checkpoint`` with no TP axis, as TELinear does).
+ P13 ``megatron.core.transformer.torch_norm.WrappedTorchNorm`` (0.16.1): megatron's local-spec norm refuses
+    ``config.sequence_parallel`` ("sequence parallel not supported by torch LayerNorm"). Under sequence parallel the
+    stand-in builds the same torch norm (a norm is per token, so it runs unchanged on this rank's [S/TP, B, H]
+    slice) and marks its parameters ``sequence_parallel=True``, as Transformer Engine's norms do: megatron's
+    ``finalize_model_grads`` then all-reduces their gradients over the TP group (each rank only saw S/TP tokens).
+    Without sequence parallel the original constructor runs untouched.
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -312,6 +318,28 @@ def _patch_gpt_model(gpt_model):
     gpt_model.OutputLayerLinear = _LocalOutputLayer
 
 
+# ---------------------------------------------------------------------------------------------------------- P13
+def _patch_torch_norm(torch_norm):
+    import copy
+    cls = torch_norm.WrappedTorchNorm
+    if getattr(cls, '_cpu_harness_patched', False):
+        return
+    orig = cls.__new__
+
+    def __new__(klass, config, *args, **kwargs):
+        if not config.sequence_parallel:
+            return orig(klass, config, *args, **kwargs)
+        config = copy.copy(config)
+        config.sequence_parallel = False  # only to pass the constructor's refusal; the module is the same
+        norm = orig(klass, config, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True  # finalize_model_grads sums these grads over TP (as for TE norms)
+        return norm
+
+    cls.__new__ = staticmethod(__new__)
+    cls._cpu_harness_patched = True
+
+
 def install():
     """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
     global _INSTALLED
@@ -332,6 +360,7 @@ def install():
     _imports.when_imported('megatron.core.jit', _patch_megatron_jit)  # P10
     _imports.when_imported('megatron.core.fusions.fused_softmax', _patch_fused_softmax)  # P11
     _imports.when_imported('mcore_bridge.model.gpt_model', _patch_gpt_model)  # P12
+    _imports.when_imported('megatron.core.transformer.torch_norm', _patch_torch_norm)  # P13
 
 
 def is_installed() -> bool:
