@@ -68,8 +68,24 @@ def make_micro_batches(seed=0, critic=False):
     return out
 
 
+def pack(micro_batches, multiple=2 * K * 2):
+    """The same documents as padding-free (THD) micro-batches, laid out like ms-swift's packing collator: one row
+    [1, T] per micro-batch, position_ids restarting at 0 per document, no attention mask; the row is padded to the
+    collator's multiple with pad tokens at position 0 (one-token "documents", labels -100)."""
+    out = []
+    for mb, lens in zip(micro_batches, LENS):
+        cat = {k: torch.cat([mb[k][b, :n] for b, n in enumerate(lens)]) for k in ('input_ids', 'labels', 'position_ids')}
+        if 'returns' in mb:
+            cat['returns'] = torch.cat([mb['returns'][b, :n] for b, n in enumerate(lens)])
+        pad = -cat['input_ids'].numel() % multiple
+        fill = {'input_ids': PAD, 'labels': -100, 'position_ids': 0, 'returns': 0.0}
+        out.append({k: torch.cat([v, v.new_full((pad, ), fill[k])])[None] for k, v in cat.items()})
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- rank worker
 def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None):
+    packed = micro_batches[0]['input_ids'].shape[0] == 1 and 'attention_mask' not in micro_batches[0]
     """One training step (forward + backward + finalize_model_grads) of this rank on its DP share of
     ``micro_batches``; returns loss sums, per-token outputs and (rank 0) the full gradients in HF layout."""
     from types import SimpleNamespace
@@ -120,7 +136,7 @@ def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None)
 
     args = SimpleNamespace(
         task_type='causal_lm', patch_size=k, model_type=model_type, pipeline_model_parallel_size=pp,
-        context_parallel_size=1, padding_free=False, is_multimodal=False, enable_dft_loss=False,
+        context_parallel_size=1, padding_free=packed, is_multimodal=False, enable_dft_loss=False,
         enable_channel_loss=False, value_clip_range=None, cp_partition_mode='zigzag')
     if model_type == 'llama3_2_critic':
         from swift_plt.critic.trainer import MegatronCriticTrainer as Trainer
@@ -145,8 +161,8 @@ def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None)
     iters = [iter([dict(mb) for mb in mine]) for _ in models] if vpp else iter([dict(mb) for mb in mine])
     result = get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=iters, model=models, num_microbatches=len(mine),
-        seq_length=S, micro_batch_size=mine[0]['input_ids'].shape[0], forward_only=False)
-    out = {'dp_rank': dp_rank, 'outputs': outputs}
+        seq_length=mine[0]['input_ids'].shape[1], micro_batch_size=mine[0]['input_ids'].shape[0], forward_only=False)
+    out = {'dp_rank': dp_rank, 'outputs': outputs, 'chunks': len(models)}
     if result:  # last pipeline stage: [sum, count] per micro-batch, summed here and over DP (ms-swift's logging)
         loss = torch.stack([r['loss'] for r in result]).sum(0)
         torch.distributed.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
@@ -215,8 +231,8 @@ def _outputs_by_dp(results):
     return [o for d in sorted(by_dp) for o in by_dp[d]]
 
 
-def assert_same_step(results, ref, what):
-    """Loss, per-token outputs and every gradient of a layout == the single-rank run (fp32)."""
+def assert_same_step(results, ref, what, outputs=True):
+    """Loss, per-token outputs (same batch format only) and every gradient of a layout == the single-rank run."""
     (ref_out, ) = ref
     loss, tokens = _loss(results)
     ref_loss, ref_tokens = _loss(ref)
@@ -224,7 +240,7 @@ def assert_same_step(results, ref, what):
     assert loss == pytest.approx(ref_loss, rel=REL), f'{what}: loss {loss!r} vs 1 rank {ref_loss!r}'
     outs, ref_outs = _outputs_by_dp(results), ref_out['outputs']
     assert len(outs) == len(ref_outs)
-    for a, b in zip(outs, ref_outs):
+    for a, b in zip(outs, ref_outs if outputs else []):
         assert a.shape == b.shape and _rel(a, b) <= REL, f'{what}: per-token outputs differ (rel {_rel(a, b):.2e})'
     grads, ref_grads = results[0]['grads'], ref_out['grads']
     assert set(grads) == set(ref_grads), f'{what}: gradient keys differ'
@@ -259,6 +275,11 @@ def critic_batches():
 @pytest.fixture(scope='module')
 def one_rank(hf_dir, batches):
     return spawn(_step, 1, hf_dir, 'llama3_2_plt', K, batches)
+
+
+@pytest.fixture(scope='module')
+def one_rank_packed(hf_dir, batches):
+    return spawn(_step, 1, hf_dir, 'llama3_2_plt', K, pack(batches))
 
 
 @pytest.fixture(scope='module')
@@ -313,11 +334,33 @@ def test_sp_stand_in_k1_stock_gpt_tp2_sp_equals_tp1(hf_dir, batches):
     assert_same_step(spawn(_step, 2, hf_dir, 'gpt', 1, batches, None, True, tp=2), ref, 'gpt K=1 TP2+SP')
 
 
+def test_thd_stand_in_k1_stock_gpt_packed_equals_padded(hf_dir, batches):
+    """The harness stand-in P14 (THD attention as a block-diagonal causal mask): the stock GPT model (K=1) on the
+    packed micro-batches == on the same documents as padded rows: loss and every gradient."""
+    ref = spawn(_step, 1, hf_dir, 'gpt', 1, batches)
+    assert_same_step(spawn(_step, 1, hf_dir, 'gpt', 1, pack(batches)), ref, 'gpt K=1 packed', outputs=False)
+
+
+def test_plt_packed_equals_padded_one_rank(one_rank_packed, one_rank):
+    """PLT K=4 on THD batches (patch-level cu_seqlens; pad "documents" of one token at the end) == padded rows."""
+    assert_same_step(one_rank_packed, one_rank, f'PLT K={K} packed vs padded', outputs=False)
+
+
+@pytest.mark.parametrize('layout', ['tp2_sp', 'dp2_pp2_vpp2'])
+def test_plt_packed_layout_equals_one_rank(hf_dir, batches, one_rank_packed, layout):
+    """Packed (THD) batches: TP=2+SP (2 ranks), and DP=2 x PP=2 x VPP=2 (4 ranks)."""
+    world, kwargs, vpp, sp = {'tp2_sp': (2, dict(tp=2), None, True),
+                              'dp2_pp2_vpp2': (4, dict(pp=2), 2, False)}[layout]
+    results = spawn(_step, world, hf_dir, 'llama3_2_plt', K, pack(batches), vpp, sp, **kwargs)
+    assert_same_step(results, one_rank_packed, f'PLT K={K} packed {layout}')
+
+
 @pytest.mark.parametrize('layout', ['tp2_sp', 'dp2', 'pp2_vpp2'])
 def test_plt_layout_equals_one_rank(hf_dir, batches, one_rank, layout):
     kwargs = {'tp2_sp': dict(tp=2), 'dp2': dict(), 'pp2_vpp2': dict(pp=2)}[layout]
     vpp, sp = {'tp2_sp': (None, True), 'dp2': (None, False), 'pp2_vpp2': (2, False)}[layout]
     results = spawn(_step, 2, hf_dir, 'llama3_2_plt', K, batches, vpp, sp, **kwargs)
+    assert all(r['chunks'] == (vpp or 1) for r in results)  # VPP: two model chunks on each rank
     assert_same_step(results, one_rank, f'PLT K={K} {layout}')
 
 
@@ -331,6 +374,7 @@ def test_critic_layout_equals_one_rank(critic_dir, critic_batches, critic_one_ra
     """llama3_2_critic through MegatronCriticTrainer.forward_step: values (per token), value loss and gradients."""
     kwargs, vpp = {'dp2': ({}, None), 'pp2_vpp2': ({'pp': 2}, 2)}[layout]
     results = spawn(_step, 2, critic_dir, 'llama3_2_critic', 1, critic_batches, vpp, False, **kwargs)
+    assert all(r['chunks'] == (vpp or 1) for r in results)
     assert_same_step(results, critic_one_rank, f'critic {layout}')
 
 
@@ -349,3 +393,110 @@ def test_mutation_first_patch_counted_fails_dp(hf_dir, batches):
     loss, tokens = _loss(results)
     ref_loss, count = brute_force_plt_loss(hf_dir, batches, K)
     assert tokens != count and not math.isclose(loss, ref_loss, rel_tol=REL)
+
+
+# ---------------------------------------------------------------------------------------------------- streaming data
+STREAM_ROWS = [{'messages': [{'role': 'assistant', 'content': text}]}
+               for text in ['the quick brown fox jumps', 'a', 'over the lazy dog, twice over the lazy dog',
+                            'hello world', 'an old wooden chair by the garden wall', 'seven apples'] * 3]
+
+
+@pytest.fixture(scope='module')
+def template(tmp_path_factory):
+    model_dir = make_tiny_llama(str(tmp_path_factory.mktemp('tiny_tpl')))
+    from swift_plt.register import register_swift
+    register_swift()
+    from swift.model import get_model_processor
+    from swift.template import get_template
+    _, processor = get_model_processor(model_dir, model_type='llama3_2_plt', load_model=False, download_model=False)
+    tpl = get_template(processor, template_type='llama', use_chat_template=False, max_length=64, loss_scale='all')
+    tpl.set_mode('train')
+    tpl.plt_patch_size = K  # what patches/swift_pipelines_train_sft.py sets for --patch_size 4
+    return tpl
+
+
+def test_streaming_paths_pad_every_document_to_k(template):
+    """ms-swift's two streaming data paths (swift/pipelines/train/sft.py: EncodePreprocessor for --streaming,
+    IterablePackingDataset for --streaming --packing, whose worker processes get the template with its
+    plt_patch_size) encode through the patched Template._encode_truncated: every document a multiple of K with its
+    first patch masked, and every packed row patch-aligned (the check the PLT batch patch runs before the model)."""
+    from datasets import Dataset, IterableDataset
+    from swift.dataset import EncodePreprocessor
+    from swift.dataset.packing import IterablePackingDataset
+
+    from swift_plt.plt import check_patch_aligned
+    stream = Dataset.from_list(STREAM_ROWS).to_iterable_dataset()
+    encoded = list(EncodePreprocessor(template=template)(stream, num_proc=1, strict=True))
+    assert isinstance(EncodePreprocessor(template=template)(stream, num_proc=1), IterableDataset)
+    assert len(encoded) == len(STREAM_ROWS)
+    for e in encoded:
+        assert len(e['input_ids']) % K == 0 and e['length'] == len(e['input_ids']) and e['labels'][:K] == [-100] * K
+    packed = IterablePackingDataset(template, Dataset.from_list(STREAM_ROWS).to_iterable_dataset(), num_proc=1,
+                                    packing_length=64, strict=True)
+    try:
+        rows = list(packed)
+    finally:
+        for w in packed.workers:
+            w.terminate()
+    assert sum(len(r) for r in rows) == len(STREAM_ROWS) and any(len(r) > 1 for r in rows)  # really packed
+    template.use_megatron = True  # as ms-swift's Megatron pipelines set it: the collator pads to padding_to
+    for row in rows:
+        assert all(len(e['input_ids']) % K == 0 for e in row)
+        batch = template.data_collator(row, padding_to=K * 2)  # the packing collator, TP2+SP multiple
+        assert batch['input_ids'].shape[-1] % (K * 2) == 0
+        check_patch_aligned(batch['position_ids'], K)
+
+
+# ---------------------------------------------------------------------------------------------------- stock CLI
+@pytest.fixture(scope='module')
+def cli_tiny(tmp_path_factory):
+    from harness.tiny import make_jsonl
+    root = tmp_path_factory.mktemp('layouts_cli')
+    return make_tiny_llama(str(root / 'model')), make_jsonl(str(root / 'train.jsonl'), rows=64)
+
+
+def _megatron_pt(cli_tiny, out_dir, nproc, *extra):
+    import os
+
+    from harness.cli import CPU_MEGATRON_ARGS, run_cli
+    model, data = cli_tiny
+    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+    argv = ['megatron', 'pt', '--model', model, '--model_type', 'llama3_2_plt', '--template', 'llama',
+            '--custom_register_path', custom, '--dataset', data, '--max_length', '64', '--patch_size', str(K),
+            '--train_iters', '3', '--micro_batch_size', '2', '--global_batch_size', '4', '--lr', '1e-3',
+            '--lr_warmup_iters', '0', '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32', '--fp16',
+            'false', '--bf16', 'false', '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
+            '--save_safetensors', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
+            '--output_dir', str(out_dir), *CPU_MEGATRON_ARGS, *extra]
+    return run_cli(argv, nproc=nproc, timeout=900)
+
+
+@pytest.mark.slow
+def test_cli_tp2_sequence_parallel_padded(cli_tiny, tmp_path):
+    """`megatron pt --patch_size 4 --tensor_model_parallel_size 2 --sequence_parallel true` (padded batches): runs,
+    batches padded to K*TP = 8."""
+    from harness.cli import parse_logs
+    proc = _megatron_pt(cli_tiny, tmp_path, 2, '--tensor_model_parallel_size', '2', '--sequence_parallel', 'true')
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    logs = parse_logs(proc.stdout)
+    assert len(logs) == 3 and all(math.isfinite(d['loss']) for d in logs)
+    assert 'padding_to: 8' in proc.stdout
+
+
+@pytest.mark.slow
+def test_cli_streaming_packing_tp2_sp_equals_one_rank(cli_tiny, tmp_path):
+    """The reference command in miniature: `--streaming true --packing true` (THD through the harness stand-in P14)
+    at TP=2 + SP vs 1 rank: same data stream (DP=1 both), fp32 loss of every step and grad norm within 1e-5."""
+    from harness.cli import parse_logs
+    stream = ('--streaming', 'true', '--packing', 'true')
+    one = _megatron_pt(cli_tiny, tmp_path / 'one', 1, *stream)
+    tp2 = _megatron_pt(cli_tiny, tmp_path / 'tp2', 2, *stream, '--tensor_model_parallel_size', '2',
+                       '--sequence_parallel', 'true')
+    assert one.returncode == 0, one.stdout[-5000:]
+    assert tp2.returncode == 0, tp2.stdout[-5000:]
+    a, b = parse_logs(one.stdout), parse_logs(tp2.stdout)
+    print('1 rank', [(d['loss'], d['grad_norm']) for d in a], 'TP2+SP', [(d['loss'], d['grad_norm']) for d in b])
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b):
+        assert y['loss'] == pytest.approx(x['loss'], rel=REL) and y['grad_norm'] == pytest.approx(x['grad_norm'],
+                                                                                                  rel=REL)
