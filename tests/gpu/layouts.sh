@@ -49,8 +49,17 @@ verdict() { # verdict RC: count a layout's check
 }
 
 say "== swift-plt layouts, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), NGPU=$NGPU"
-critic_setup || { say "LAYOUTS: FAIL (setup)"; exit 1; } # kit, plugin, $W/tiny/model (+data), critic rows, $W/critic
 TINY=$W/tiny
+if [ "$NGPU" -ge 2 ]; then
+  critic_setup || { say "LAYOUTS: FAIL (setup)"; exit 1; } # kit, plugin, $W/tiny/model (+data), critic rows, $W/critic
+else # 1 GPU: only the 1B runs (no critic, no tiny matrix)
+  say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
+  # shellcheck disable=SC1091
+  source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1 || { say "LAYOUTS: FAIL (kit)"; exit 1; }
+  install_plugin >"$OUT/pip_install.log" 2>&1
+  python3 .gpu_kit/make_tiny_llama.py --out "$TINY" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
+  say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); tiny rc=$?; $(now)"
+fi
 
 if [ -z "${LAYOUTS:-}" ]; then
   case $NGPU in
@@ -105,6 +114,7 @@ compare() {
   $SUMPY compare "$LTOL" "1GPU=$R/$ref" "$name=$R/$name" 2>&1 | tee -a "$SUM" || rc=1
   $SUMPY curve "   $name curve" "$R/$name" "$OUT/$name.log" 2>&1 | tee -a "$SUM" || rc=1
   $SUMPY tps "$name=$R/$name:$tok" "1GPU=$R/$ref:$tok" --warm "$WARM" 2>&1 | tee -a "$SUM"
+  [ "$(cat "$R/$name/rc" 2>/dev/null)" = 0 ] && [ "$(cat "$R/$ref/rc" 2>/dev/null)" = 0 ] || rc=1
   verdict $rc
 }
 TINY_TOK=$((8 * 512))
@@ -182,7 +192,7 @@ TOK_1B=$((8 * ${MAXLEN_1B:-8192}))
 
 if want stream1b; then
   make_1b
-  say "== 1B, K=4, max_length 8192, --packing true: streaming vs not (both at once on GPU 0), $(now)"
+  say "== 1B shape, K=4, max_length ${MAXLEN_1B:-8192}, --packing true: streaming vs not (both at once on GPU 0), $(now)"
   # shellcheck disable=SC2046
   (run stream1b 0 200 pt -- $(ARGS_1B) --streaming true >"$W/stream1b.rc") &
   P1=$!
@@ -197,6 +207,7 @@ if want stream1b; then
   for n in stream1b nostream1b; do $SUMPY curve "   $n curve" "$R/$n" "$OUT/$n.log" 2>&1 | tee -a "$SUM" || rc=1; done
   $SUMPY tps "stream=$R/stream1b:$TOK_1B" "nostream=$R/nostream1b:$TOK_1B" --warm "$WARM" 2>&1 | tee -a "$SUM"
   say "   (tokens/s: both runs share GPU 0; slots = GBS x max_length per step)"
+  [ "$(cat "$R/stream1b/rc" 2>/dev/null)" = 0 ] && [ "$(cat "$R/nostream1b/rc" 2>/dev/null)" = 0 ] || rc=1
   verdict $rc
 fi
 
