@@ -336,7 +336,12 @@ def test_sp_stand_in_k1_stock_gpt_tp2_sp_equals_tp1(hf_dir, batches):
 
 def test_thd_stand_in_k1_stock_gpt_packed_equals_padded(hf_dir, batches):
     """The harness stand-in P14 (THD attention as a block-diagonal causal mask): the stock GPT model (K=1) on the
-    packed micro-batches == on the same documents as padded rows: loss and every gradient."""
+    packed micro-batches == on the same documents as padded rows: loss and every gradient. (Each document's first
+    label is -100 here: upstream rolls the labels over the whole packed row, so a document's last token would
+    otherwise target the next document's first token, which a padded row does not have.)"""
+    batches = [dict(mb, labels=mb['labels'].clone()) for mb in batches]
+    for mb in batches:
+        mb['labels'][:, 0] = -100
     ref = spawn(_step, 1, hf_dir, 'gpt', 1, batches)
     assert_same_step(spawn(_step, 1, hf_dir, 'gpt', 1, pack(batches)), ref, 'gpt K=1 packed', outputs=False)
 
