@@ -21,6 +21,10 @@
 #      else the tiny tokenizer is used and the summary says so), LAYOUTS_TEXT (a text file for the 1B data; else
 #      synthetic word rows), EXTRA_PT_ARGS (appended to every megatron command; the last flag wins, e.g. for a CPU
 #      dry run), LAYOUTS_WORK (scratch dir); for a CPU dry run of this script only: SHAPE_1B=tiny, MAXLEN_1B, DOCS_1B.
+# --dataset_num_proc 2 for the 1B runs: under --streaming --packing each of them is a packing worker that ms-swift
+# starts with the 'spawn' context once torch.distributed is up (swift/dataset/packing.py), one after another, each
+# importing ms-swift and unpickling the template before the next starts; with 8 the streaming run had not reached
+# step 1 after 168 s on an H100 (seen 2026-11-23; on CPU the workers came up ~35 s apart).
 # Streaming note: ms-swift packs a streaming dataset in windows of 128 rows (IterablePackingDataset), the
 # non-streaming one over the whole shuffled dataset (PackingDataset), so their step-1 batches differ: on 1 GPU the
 # comparison shows both paths train at K=4 (every packed row is checked patch-aligned by the plugin before the model)
@@ -48,7 +52,9 @@ verdict() { # verdict RC: count a layout's check
   [ "$1" = 0 ] && PASS=$((PASS + 1))
 }
 
-say "== swift-plt layouts, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)'), NGPU=$NGPU"
+rev='(no git)'  # only this tree's own git (a copy staged inside another checkout must not report that one's HEAD)
+[ "$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null)" = "$REPO" ] && rev=$(git -C "$REPO" rev-parse --short HEAD)
+say "== swift-plt layouts, $(date -u +%FT%TZ), repo $rev, NGPU=$NGPU"
 TINY=$W/tiny
 if [ "$NGPU" -ge 2 ]; then
   critic_setup || { say "LAYOUTS: FAIL (setup)"; exit 1; } # kit, plugin, $W/tiny/model (+data), critic rows, $W/critic
@@ -185,7 +191,7 @@ ARGS_1B() { # ARGS_1B: the reference command's flags (besides parallelism)
     --template llama --dataset "$W/docs.jsonl" --max_length "${MAXLEN_1B:-8192}" --packing true --micro_batch_size 1 \
     --global_batch_size 8 --train_iters "$ITERS_1B" --lr 3e-4 --min_lr 3e-5 --lr_warmup_iters 2 --bf16 true \
     --torch_dtype bfloat16 --attention_backend fused --seed 42 --logging_steps 1 --save_steps 1000000 \
-    --no_save_optim true --no_save_rng true --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 8 \
+    --no_save_optim true --no_save_rng true --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 2 \
     --report_to tensorboard
 }
 TOK_1B=$((8 * ${MAXLEN_1B:-8192}))
