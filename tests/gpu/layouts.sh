@@ -223,7 +223,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   (run ref 0 150 pt -- "${TINY_ARGS[@]}" >"$W/ref.rc") &
   P1=$!
   (
-    run ref_packed 1 150 pt -- "${TINY_ARGS[@]}" --packing true >"$W/ref_packed.rc"
+    if want cp2_zigzag_packed; then run ref_packed 1 150 pt -- "${TINY_ARGS[@]}" --packing true >"$W/ref_packed.rc"; fi
     if want critic_dp2; then run critic_ref 1 150 sft -- "${CRITIC_ARGS[@]}" >"$W/critic_ref.rc"; fi
   ) &
   P2=$!
@@ -233,7 +233,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     say "-- engine 1 GPU rc=$?"
   fi
   wait $P1 $P2
-  say "-- ref $(cat "$W/ref.rc"), ref_packed $(cat "$W/ref_packed.rc"), critic_ref $(cat "$W/critic_ref.rc" 2>/dev/null); $(now)"
+  say "-- ref $(cat "$W/ref.rc"), ref_packed $(cat "$W/ref_packed.rc" 2>/dev/null), critic_ref $(cat "$W/critic_ref.rc" 2>/dev/null); $(now)"
   $SUMPY curve "   ref curve" "$R/ref" "$OUT/ref.log" 2>&1 | tee -a "$SUM"
 
   two() { # two NAME REF LABEL -- args: a 2-GPU PLT run compared with REF
