@@ -74,9 +74,8 @@ def pack(micro_batches, multiple=2 * K * 2):
     collator's multiple with pad tokens at position 0 (one-token "documents", labels -100)."""
     out = []
     for mb, lens in zip(micro_batches, LENS):
-        cat = {k: torch.cat([mb[k][b, :n] for b, n in enumerate(lens)]) for k in ('input_ids', 'labels', 'position_ids')}
-        if 'returns' in mb:
-            cat['returns'] = torch.cat([mb['returns'][b, :n] for b, n in enumerate(lens)])
+        keys = ('input_ids', 'labels', 'position_ids') + (('returns', ) if 'returns' in mb else ())
+        cat = {k: torch.cat([mb[k][b, :n] for b, n in enumerate(lens)]) for k in keys}
         pad = -cat['input_ids'].numel() % multiple
         fill = {'input_ids': PAD, 'labels': -100, 'position_ids': 0, 'returns': 0.0}
         out.append({k: torch.cat([v, v.new_full((pad, ), fill[k])])[None] for k, v in cat.items()})
