@@ -55,8 +55,6 @@ def check_plt_supported(args, k: int) -> None:
         problems.append(f'--cp_partition_mode {args.cp_partition_mode} with --context_parallel_size > 1 (the '
                         'attention of a dense Llama under context parallel assumes the zigzag split; use '
                         '--cp_partition_mode zigzag, the default)')
-    if getattr(args, 'sequence_parallel', False):
-        problems.append('--sequence_parallel true (not supported with PLT yet; drop it)')
     for name in ('max_length', 'packing_length', 'seq_length'):
         value = getattr(args, name, None)
         if value and value % k:

@@ -3,7 +3,11 @@
 ``PLTGPTModel`` subclasses mcore-bridge's GPTModel and changes two things when ``config.patch_size`` K > 1:
   * ``forward``: token embeddings are mean-pooled into patches before the decoder, and the positions, the padded
     attention mask and the packed-sequence (THD) boundaries handed to upstream's forward are patch-level;
-    every tensor between pipeline stages is therefore [P, B, H];
+    every tensor between pipeline stages is therefore [P, B, H] (virtual pipeline too). Under sequence parallel the
+    embedding output is already scattered along the sequence ([S/TP, B, H] per TP rank); with S a multiple of
+    K * TP (swift_plt.plt.patch_padding_to) each rank's slice is whole patches, and pooling it gives exactly that
+    rank's [P/TP, B, H] slice of the patch sequence, which is what upstream's decoder expects under SP (RoPE length,
+    padding mask chunks and the output layer's all-gather are computed by upstream from it);
   * ``compute_language_model_loss``: the PLT loss (swift_plt.plt.plt_token_losses), vocab-parallel under TP,
     returned token-aligned [B, S] like upstream's, so ms-swift's ``loss_func`` (sum over labels != -100, per-token
     normalisation across DP) is unchanged.
@@ -22,8 +26,8 @@ from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 
-from .plt import (cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens, patch_position_ids,
-                  plt_local_token_losses, plt_token_losses, pool_patches)
+from .plt import (check_sequence_parallel_length, cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens,
+                  patch_position_ids, plt_local_token_losses, plt_token_losses, pool_patches)
 
 
 @dataclass
@@ -41,7 +45,6 @@ class PLTModelConfig(ModelConfig):
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
-                'sequence_parallel': self.sequence_parallel,
             }
             bad = [k for k, v in unsupported.items() if v]
             if bad:
@@ -122,7 +125,10 @@ class PLTGPTModel(GPTModel):
                 raise NotImplementedError(f'patch_size={k}: a patch-level model does not generate token by token; '
                                           'generate with the token-level (patch_size=1) model.')
             if self.pre_process and decoder_input is None:
-                # [S, B, H] token embeddings -> [P, B, H] patch embeddings (mean of K)
+                check_sequence_parallel_length(input_ids.shape[-1], k, self.config.tensor_model_parallel_size,
+                                               self.config.sequence_parallel)
+                # [S, B, H] token embeddings -> [P, B, H] patch embeddings (mean of K). Under sequence parallel the
+                # embedding is already scattered: this rank pools its S/TP consecutive tokens into its P/TP patches.
                 decoder_input = pool_patches(self.embedding(input_ids=input_ids, position_ids=position_ids), k)
             position_ids = patch_position_ids(position_ids, k)
             if attention_mask is not None:

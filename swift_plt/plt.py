@@ -42,6 +42,17 @@ def pad_to_multiple(length: int, patch_size: int) -> int:
     return -length % patch_size
 
 
+def check_sequence_parallel_length(seq_len: int, patch_size: int, tp_size: int, sequence_parallel: bool) -> None:
+    """Under sequence parallel each TP rank pools its own S/TP consecutive tokens, so S/TP must hold whole patches:
+    S a multiple of K * TP (ms-swift's collator pads to ``get_padding_to``, which ``patch_padding_to`` makes K * TP).
+    Then rank r's pooled slice is exactly patches [r*P/TP, (r+1)*P/TP) of the full sequence."""
+    if sequence_parallel and tp_size > 1 and seq_len % (patch_size * tp_size):
+        raise ValueError(f'PLT under sequence parallel: sequence length {seq_len} is not a multiple of patch_size * '
+                         f'tensor_model_parallel_size = {patch_size} * {tp_size}; each TP rank must hold whole '
+                         f'patches. Pad batches to a multiple of {patch_size * tp_size} (ms-swift\'s collator does, '
+                         'via get_padding_to, when swift-plt is enabled).')
+
+
 def pool_patches(x: torch.Tensor, patch_size: int) -> torch.Tensor:
     """Mean of each K consecutive tokens: [S, B, H] -> [S/K, B, H]."""
     S, B, H = x.shape

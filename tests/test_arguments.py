@@ -50,7 +50,6 @@ def test_patch_size_below_one(k):
     (dict(task_type='seq_cls'), r'--task_type seq_cls'),
     (dict(rlhf_type='dpo'), r'rlhf_type=dpo'),
     (dict(context_parallel_size=2, cp_partition_mode='contiguous'), r'--cp_partition_mode contiguous'),
-    (dict(sequence_parallel=True), r'--sequence_parallel'),
 ])
 def test_unsupported_combinations_fail_with_what_to_change(kw, message):
     with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: .*' + message):
@@ -62,6 +61,14 @@ def test_unsupported_combinations_fail_with_what_to_change(kw, message):
 def test_context_parallel_zigzag_is_accepted():
     assert resolve_patch_size(make_args(patch_size=4, context_parallel_size=2, cp_partition_mode='zigzag')) == 4
     assert resolve_patch_size(make_args(patch_size=4, context_parallel_size=1, cp_partition_mode='contiguous')) == 4
+
+
+def test_megatron_parallel_layouts_are_accepted_at_k_gt_1():
+    """Sequence parallel, virtual pipeline and data parallel with K > 1 (tests/test_layouts_cpu.py proves them)."""
+    for kw in (dict(sequence_parallel=True, tensor_model_parallel_size=2),
+               dict(virtual_pipeline_model_parallel_size=2, pipeline_model_parallel_size=2),
+               dict(streaming=True, packing=True)):
+        assert resolve_patch_size(make_args(patch_size=4, **kw)) == 4
 
 
 def make_hf_args(**kw):

@@ -51,13 +51,25 @@ PATCHES (id: upstream target -- what and why)
     under the data-parallel RNG (when ``perform_initialization``), ``allreduce=True`` and
     ``sequence_parallel=config.sequence_parallel`` on the weight, forward ``(x @ W^T, None)``, and a replicated
     sharded state dict (megatron's ``make_sharded_tensors_for_checkpoint`` with no TP axis, as TELinear does).
+ P13 ``megatron.core.transformer.torch_norm.WrappedTorchNorm`` (0.16.1): megatron's local-spec norm refuses
+    ``config.sequence_parallel`` ("sequence parallel not supported by torch LayerNorm"). Under sequence parallel the
+    stand-in builds the same torch norm (a norm is per token, so it runs unchanged on this rank's [S/TP, B, H]
+    slice) and marks its parameters ``sequence_parallel=True``, as Transformer Engine's norms do: megatron's
+    ``finalize_model_grads`` then all-reduces their gradients over the TP group (each rank only saw S/TP tokens).
+    Without sequence parallel the original constructor runs untouched.
+ P14 ``megatron.core.transformer.dot_product_attention.DotProductAttention.forward`` (0.16.1): megatron's local
+    attention refuses ``packed_seq_params`` (THD: padding-free / ``--packing`` batches need TE). Without context
+    parallel the stand-in runs the packed sequence [T, heads, dim] as one row with a block-diagonal causal mask built
+    from ``cu_seqlens_q`` (``cu_seqlens_q_padded`` when set): token i sees token j iff j <= i in the same document,
+    which is what TE's THD attention computes. RoPE needs nothing: megatron's ``_apply_rotary_pos_emb_thd`` already
+    runs on CPU. Context parallel > 1 is not handled here (raises).
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
     takes that path, on CPU megatron's local attention would multiply bf16 probabilities with fp32 values.
 
 Not patched (pass flags instead, see ``cli.CPU_MEGATRON_ARGS``): attention backend (``--attention_backend
-unfused``), padding-free/THD (``--padding_free false``), fused cross entropy, distributed optimizer, gloo
+unfused``), fused cross entropy, distributed optimizer, gloo
 (``--ddp_backend gloo``), CPU initialisation, ``--perform_initialization true`` (without it TP ranks > 0 count
 every gradient as a duplicate in grad-norm, see cpu_notes). Precision: ms-swift turns ``--torch_dtype float32``
 into fp16 mixed precision (``fp16=True``), whose first steps give inf/NaN gradients that megatron's NaN check
@@ -312,6 +324,64 @@ def _patch_gpt_model(gpt_model):
     gpt_model.OutputLayerLinear = _LocalOutputLayer
 
 
+# ---------------------------------------------------------------------------------------------------------- P13
+def _patch_torch_norm(torch_norm):
+    import copy
+    cls = torch_norm.WrappedTorchNorm
+    if getattr(cls, '_cpu_harness_patched', False):
+        return
+    orig = cls.__new__
+
+    def __new__(klass, config, *args, **kwargs):
+        if not config.sequence_parallel:
+            return orig(klass, config, *args, **kwargs)
+        config = copy.copy(config)
+        config.sequence_parallel = False  # only to pass the constructor's refusal; the module is the same
+        norm = orig(klass, config, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True  # finalize_model_grads sums these grads over TP (as for TE norms)
+        return norm
+
+    cls.__new__ = staticmethod(__new__)
+    cls._cpu_harness_patched = True
+
+
+# ---------------------------------------------------------------------------------------------------------- P14
+def thd_causal_mask(cu_seqlens, total: int):
+    """[1, 1, T, T] bool, True = masked: causal within each document of a packed row, nothing across documents."""
+    import torch
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    doc = torch.repeat_interleave(torch.arange(lengths.numel()), lengths.cpu())
+    if doc.numel() != total:
+        raise ValueError(f'CPU harness P14: cu_seqlens cover {doc.numel()} tokens, the packed row has {total}')
+    pos = torch.arange(total)
+    visible = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+    return (~visible).view(1, 1, total, total)
+
+
+def _patch_dot_product_attention(dpa):
+    cls = dpa.DotProductAttention
+    if getattr(cls, '_cpu_harness_patched', False):
+        return
+    orig = cls.forward
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        if packed_seq_params is None or packed_seq_params.qkv_format != 'thd':
+            return orig(self, query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params)
+        if self.config.context_parallel_size > 1:
+            raise NotImplementedError('CPU harness P14: THD attention without context parallel only')
+        cu = packed_seq_params.cu_seqlens_q_padded
+        cu = packed_seq_params.cu_seqlens_q if cu is None else cu
+        mask = thd_causal_mask(cu, query.shape[0]).to(query.device)
+        out = orig(self, query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), mask, attn_mask_type,
+                   attention_bias, None)  # [T, 1, hp]
+        return out.squeeze(1)
+
+    cls.forward = forward
+    cls._cpu_harness_patched = True
+
+
 def install():
     """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
     global _INSTALLED
@@ -332,6 +402,8 @@ def install():
     _imports.when_imported('megatron.core.jit', _patch_megatron_jit)  # P10
     _imports.when_imported('megatron.core.fusions.fused_softmax', _patch_fused_softmax)  # P11
     _imports.when_imported('mcore_bridge.model.gpt_model', _patch_gpt_model)  # P12
+    _imports.when_imported('megatron.core.transformer.torch_norm', _patch_torch_norm)  # P13
+    _imports.when_imported('megatron.core.transformer.dot_product_attention', _patch_dot_product_attention)  # P14
     from .cp_attention import enable_from_env
     enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 

@@ -1,0 +1,300 @@
+#!/usr/bin/env bash
+# PLT (llama3_2_plt, K=4) and the critic in Megatron's parallel layouts, one command, from the repo root:
+#     bash tests/gpu/layouts.sh        (device tool: carry=['.gpu_kit', ...], $OUT set by it)
+# What runs depends on the GPUs present (NGPU env overrides nvidia-smi):
+#   1 GPU  : the 1B-shape model (Llama-3.2-1B shape, random init, real Llama-3 tokenizer if given) at K=4,
+#            max_length 8192, --packing true with --streaming true vs the same without streaming (both at once on
+#            GPU 0): step-1 loss (same range; the two data paths pack different rows, see below), falling curves,
+#            tokens/s and peak memory side by side.
+#   2 GPUs : the tiny-model matrix, each layout against its 1-GPU reference on the same data/seed/global batch:
+#            TP2+SP, CP2 zigzag packed, CP2 contiguous, PP2+VPP2, DP2 (PLT K=4, megatron pt); critic DP2
+#            (megatron sft --model_type llama3_2_critic); critic engine CP2 (MegatronCritic, critic_checks.py).
+#   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
+#            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP.
+# Pass per layout: step-1 loss within LTOL (default 1e-2, bf16) of its 1-GPU reference and a falling curve. Every
+# run also reports tokens/s (GBS x max_length slots per step, after WARM steps) and peak memory (ms-swift's
+# memory(GiB)). Logs in $OUT, the summary in $OUT/layouts_summary.txt (appended as it goes), last line
+# "LAYOUTS: OK|FAIL (n/m)".
+# env: BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 12), ITERS_1B (12), WARM (3), LAYOUTS (space-separated
+#      subset of the names below; default all that fit the GPUs), LLAMA3_TOK (dir with the real Llama-3
+#      tokenizer.json; or LLAMA3_TIKTOKEN=tokenizer.model + LLAMA3_CONVERT=convert_llama3_tokenizer.py to build it;
+#      else the tiny tokenizer is used and the summary says so), LAYOUTS_TEXT (a text file for the 1B data; else
+#      synthetic word rows), EXTRA_PT_ARGS (appended to every megatron command; the last flag wins, e.g. for a CPU
+#      dry run), LAYOUTS_WORK (scratch dir); for a CPU dry run of this script only: SHAPE_1B=tiny, MAXLEN_1B, DOCS_1B.
+# --dataset_num_proc 2 for the 1B runs: under --streaming --packing each of them is a packing worker that ms-swift
+# starts with the 'spawn' context once torch.distributed is up (swift/dataset/packing.py), one after another, each
+# importing ms-swift and unpickling the template before the next starts; with 8 the streaming run had not reached
+# step 1 after 168 s on an H100 (seen 2026-11-23; on CPU the workers came up ~35 s apart).
+# Streaming note: ms-swift packs a streaming dataset in windows of 128 rows (IterablePackingDataset), the
+# non-streaming one over the whole shuffled dataset (PackingDataset), so their step-1 batches differ: on 1 GPU the
+# comparison shows both paths train at K=4 (every packed row is checked patch-aligned by the plugin before the model)
+# with losses in the same range, not equality. Equality of layouts is on the same data path.
+set -o pipefail
+set -m
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$REPO" || exit 1
+# shellcheck disable=SC1091
+source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin, critic_setup
+gpu_init /tmp/layouts_out layouts_summary.txt "${LAYOUTS_WORK:-/tmp/plt_layouts}" 580
+SUMPY="env LOGDIR=$OUT python3 $REPO/tests/gpu/summarize.py"
+CHECK="python3 $REPO/tests/gpu/critic_checks.py"
+NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+LTOL=${LTOL:-1e-2}
+ITERS=${ITERS:-12}
+ITERS_1B=${ITERS_1B:-12}
+WARM=${WARM:-3}
+R=$W/runs
+PASS=0
+TOTAL=0
+verdict() { # verdict RC: count a layout's check
+  TOTAL=$((TOTAL + 1))
+  [ "$1" = 0 ] && PASS=$((PASS + 1))
+}
+
+rev='(no git)'  # only this tree's own git (a copy staged inside another checkout must not report that one's HEAD)
+[ "$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null)" = "$REPO" ] && rev=$(git -C "$REPO" rev-parse --short HEAD)
+say "== swift-plt layouts, $(date -u +%FT%TZ), repo $rev, NGPU=$NGPU"
+TINY=$W/tiny
+if [ "$NGPU" -ge 2 ]; then
+  critic_setup || { say "LAYOUTS: FAIL (setup)"; exit 1; } # kit, plugin, $W/tiny/model (+data), critic rows, $W/critic
+else # 1 GPU: only the 1B runs (no critic, no tiny matrix)
+  say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
+  # shellcheck disable=SC1091
+  source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1 || { say "LAYOUTS: FAIL (kit)"; exit 1; }
+  install_plugin >"$OUT/pip_install.log" 2>&1
+  python3 .gpu_kit/make_tiny_llama.py --out "$TINY" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
+  say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); tiny rc=$?; $(now)"
+fi
+
+if [ -z "${LAYOUTS:-}" ]; then
+  case $NGPU in
+  0) LAYOUTS="" ;;
+  1) LAYOUTS="stream1b" ;;
+  2 | 3) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" ;;
+  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
+  esac
+fi
+want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
+say "layouts: ${LAYOUTS:-(none: no GPU)}"
+
+# ------------------------------------------------------------------------------------------------ runs
+TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 4
+  --template llama --dataset "$TINY/data/train.jsonl" --max_length 512 --attention_backend fused --micro_batch_size 2
+  --global_batch_size 8 --seed 42 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 2 --bf16 true --torch_dtype bfloat16
+  --logging_steps 1 --train_iters "$ITERS" --save_steps 1000000 --no_save_optim true --no_save_rng true
+  --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 4 --report_to tensorboard)
+CRITIC_ARGS=(--model "$W/critic" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
+  --template chatml --dataset "$W/reward.jsonl" --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42
+  --attention_backend fused --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --torch_dtype bfloat16 --logging_steps 1
+  --train_iters 20 --save_steps 100000 --no_save_optim true --no_save_rng true --save_safetensors false
+  --dataloader_num_workers 2 --dataset_num_proc 4)
+
+run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, logs $OUT/NAME.log, rc/secs in $R/NAME
+  local name=$1 gpus=$2 capped=$3 cmd=$4 n od f t=$SECONDS rc
+  shift 5
+  n=$(($(echo "$gpus" | tr -cd , | wc -c) + 1))
+  od=$R/$name
+  rm -rf "$od"
+  mkdir -p "$od" "$W/cache/$name"
+  if [ "$(left)" -lt 30 ]; then
+    echo "budget" >"$od/rc"
+    echo "skipped (budget)"
+    return 1
+  fi
+  # own dataset caches: concurrent runs must not race on the same cache files
+  CUDA_VISIBLE_DEVICES=$gpus NPROC_PER_NODE=$n MASTER_PORT=$((29800 + RANDOM % 150)) \
+    HF_DATASETS_CACHE="$W/cache/$name/hf" MODELSCOPE_CACHE="$W/cache/$name/ms" \
+    timeout -k 10 "$(cap "$capped")" megatron "$cmd" "$@" --output_dir "$od" ${EXTRA_PT_ARGS:-} >"$OUT/$name.log" 2>&1
+  rc=$?
+  echo $rc >"$od/rc"
+  echo $((SECONDS - t)) >"$od/secs"
+  f=$(ls "$od"/*/logging.jsonl 2>/dev/null | head -1)
+  [ -n "$f" ] && cp "$f" "$OUT/$name.logging.jsonl"
+  echo "rc=$rc $((SECONDS - t))s"
+}
+# compare LABEL REF NAME TOKENS_PER_STEP: step-1 loss vs REF (LTOL), curve, tokens/s + memory; counts one verdict
+compare() {
+  local label=$1 ref=$2 name=$3 tok=$4 rc=0
+  say "-- $label"
+  $SUMPY compare "$LTOL" "1GPU=$R/$ref" "$name=$R/$name" 2>&1 | tee -a "$SUM" || rc=1
+  $SUMPY curve "   $name curve" "$R/$name" "$OUT/$name.log" 2>&1 | tee -a "$SUM" || rc=1
+  $SUMPY tps "$name=$R/$name:$tok" "1GPU=$R/$ref:$tok" --warm "$WARM" 2>&1 | tee -a "$SUM"
+  [ "$(cat "$R/$name/rc" 2>/dev/null)" = 0 ] && [ "$(cat "$R/$ref/rc" 2>/dev/null)" = 0 ] || rc=1
+  verdict $rc
+}
+TINY_TOK=$((8 * 512))
+
+# ------------------------------------------------------------------------------- 1B shape (1 GPU / 4 GPUs)
+make_1b() { # -> $W/model1b, $W/docs.jsonl (documents of 1/40 to 1/2 max_length words: packing joins several per row)
+  local tok=${LLAMA3_TOK:-}
+  if [ -z "$tok" ] && [ -n "${LLAMA3_TIKTOKEN:-}" ] && [ -n "${LLAMA3_CONVERT:-}" ]; then
+    python3 "$LLAMA3_CONVERT" "$W/llama3_tok" "$LLAMA3_TIKTOKEN" >"$OUT/llama3_tok.log" 2>&1 && tok=$W/llama3_tok
+  fi
+  if [ -n "$tok" ] && [ -f "$tok/tokenizer.json" ]; then
+    say "1B: real Llama-3 tokenizer from $tok"
+  else
+    say "1B: NO Llama-3 tokenizer given (LLAMA3_TOK / LLAMA3_TIKTOKEN+LLAMA3_CONVERT): using the tiny tokenizer"
+    tok=$TINY/model
+  fi
+  python3 - "$tok" "$W" "${LAYOUTS_TEXT:-}" <<'EOF' >"$OUT/make_1b.log" 2>&1
+import json, os, random, shutil, sys
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+tok_dir, w, text = sys.argv[1], sys.argv[2], sys.argv[3]
+mdir = os.path.join(w, 'model1b')
+tok = AutoTokenizer.from_pretrained(tok_dir)
+os.makedirs(mdir, exist_ok=True)
+shape = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=64)  # Llama-3.2-1B
+if os.environ.get('SHAPE_1B') == 'tiny':  # CPU dry run of this script only
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16)
+cfg = LlamaConfig(vocab_size=max(len(tok), 128256) if len(tok) > 100000 else len(tok), max_position_embeddings=8192,
+                  rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
+torch.manual_seed(0)
+with torch.device('cuda' if torch.cuda.is_available() else 'cpu'):
+    model = LlamaForCausalLM(cfg)
+model.to(torch.bfloat16).save_pretrained(mdir, safe_serialization=True)
+for f in os.listdir(tok_dir):
+    if f.startswith(('tokenizer', 'special_tokens')):
+        shutil.copy(os.path.join(tok_dir, f), mdir)
+print(f'model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f} B params, vocab {cfg.vocab_size} -> {mdir}')
+rng = random.Random(0)
+maxlen = int(os.environ.get('MAXLEN_1B', 8192))
+if text and os.path.exists(text):
+    words = open(text, encoding='utf-8', errors='replace').read().split()
+    src = 'text ' + os.path.basename(text)
+else:
+    words = ('the of and to in is that for it as with was on be by this are or from an at which not but have all '
+             'can one more other were has when there their will if so no into its than them these some may would '
+             'what time only new used two first been any each value list file data object return').split() * 50
+    rng.shuffle(words)
+    src = 'synthetic words'
+docs, i = [], 0
+while len(docs) < int(os.environ.get('DOCS_1B', 400)):  # ~1.2 M words: enough rows for ITERS_1B steps of 8 x 8192 tokens with packing
+    n = rng.randint(maxlen // 40, maxlen // 2)  # words; ~1.3 Llama-3 tokens per word: documents fit max_length
+    if i + n > len(words):
+        i = 0
+    docs.append(' '.join(words[i:i + n]))
+    i += n
+with open(os.path.join(w, 'docs.jsonl'), 'w') as f:
+    for d in docs:
+        f.write(json.dumps({'messages': [{'role': 'assistant', 'content': d}]}) + '\n')
+print(f'data: {len(docs)} documents of {maxlen // 40}-{maxlen // 2} words from {src}')
+EOF
+  say "1B setup: rc=$? $(grep -E '^(model|data):' "$OUT/make_1b.log" | tr '\n' ' '); $(now)"
+}
+ARGS_1B() { # ARGS_1B: the reference command's flags (besides parallelism)
+  echo --model "$W/model1b" --model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 4 \
+    --template llama --dataset "$W/docs.jsonl" --max_length "${MAXLEN_1B:-8192}" --packing true --micro_batch_size 1 \
+    --global_batch_size 8 --train_iters "$ITERS_1B" --lr 3e-4 --min_lr 3e-5 --lr_warmup_iters 2 --bf16 true \
+    --torch_dtype bfloat16 --attention_backend fused --seed 42 --logging_steps 1 --save_steps 1000000 \
+    --no_save_optim true --no_save_rng true --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 2 \
+    --report_to tensorboard
+}
+TOK_1B=$((8 * ${MAXLEN_1B:-8192}))
+
+if want stream1b; then
+  make_1b
+  say "== 1B shape, K=4, max_length ${MAXLEN_1B:-8192}, --packing true: streaming vs not (both at once on GPU 0), $(now)"
+  # shellcheck disable=SC2046
+  (run stream1b 0 200 pt -- $(ARGS_1B) --streaming true >"$W/stream1b.rc") &
+  P1=$!
+  # shellcheck disable=SC2046
+  (run nostream1b 0 200 pt -- $(ARGS_1B) >"$W/nostream1b.rc") &
+  P2=$!
+  wait $P1 $P2
+  say "-- streaming $(cat "$W/stream1b.rc"), not streaming $(cat "$W/nostream1b.rc"); $(now)"
+  rc=0
+  # 'same range': LTOL on step 1 is loose enough for two different first batches of a random-init model
+  $SUMPY compare "$LTOL" "nostream=$R/nostream1b" "stream=$R/stream1b" 2>&1 | tee -a "$SUM" || rc=1
+  for n in stream1b nostream1b; do $SUMPY curve "   $n curve" "$R/$n" "$OUT/$n.log" 2>&1 | tee -a "$SUM" || rc=1; done
+  $SUMPY tps "stream=$R/stream1b:$TOK_1B" "nostream=$R/nostream1b:$TOK_1B" --warm "$WARM" 2>&1 | tee -a "$SUM"
+  say "   (tokens/s: both runs share GPU 0; slots = GBS x max_length per step)"
+  [ "$(cat "$R/stream1b/rc" 2>/dev/null)" = 0 ] && [ "$(cat "$R/nostream1b/rc" 2>/dev/null)" = 0 ] || rc=1
+  verdict $rc
+fi
+
+# ------------------------------------------------------------------------------- 2 GPUs: the tiny matrix
+if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
+  say "== 1-GPU references (GPU0: THD default; GPU1: --packing true, then the critic), $(now)"
+  (run ref 0 150 pt -- "${TINY_ARGS[@]}" >"$W/ref.rc") &
+  P1=$!
+  (
+    if want cp2_zigzag_packed; then run ref_packed 1 150 pt -- "${TINY_ARGS[@]}" --packing true >"$W/ref_packed.rc"; fi
+    if want critic_dp2; then run critic_ref 1 150 sft -- "${CRITIC_ARGS[@]}" >"$W/critic_ref.rc"; fi
+  ) &
+  P2=$!
+  if want critic_engine_cp2; then
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(cap 150)" torchrun --nproc_per_node 1 --master_port 29791 \
+      tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/engine_1gpu.json" >"$OUT/engine_1gpu.log" 2>&1
+    say "-- engine 1 GPU rc=$?"
+  fi
+  wait $P1 $P2
+  say "-- ref $(cat "$W/ref.rc"), ref_packed $(cat "$W/ref_packed.rc" 2>/dev/null), critic_ref $(cat "$W/critic_ref.rc" 2>/dev/null); $(now)"
+  $SUMPY curve "   ref curve" "$R/ref" "$OUT/ref.log" 2>&1 | tee -a "$SUM"
+
+  two() { # two NAME REF LABEL -- args: a 2-GPU PLT run compared with REF
+    local name=$1 ref=$2 label=$3
+    shift 4
+    if want "$name"; then
+      say "== $label, $(now): $(run "$name" 0,1 150 pt -- "${TINY_ARGS[@]}" "$@")"
+      compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK"
+    fi
+  }
+  two tp2_sp ref "TP2+SP" -- --tensor_model_parallel_size 2 --sequence_parallel true
+  two cp2_zigzag_packed ref_packed "CP2 zigzag, --packing true" -- --context_parallel_size 2 --packing true
+  two cp2_contiguous ref "CP2 contiguous" -- --context_parallel_size 2 --cp_partition_mode contiguous
+  two pp2_vpp2 ref "PP2+VPP2 (4 layers: 1 per virtual stage)" -- --pipeline_model_parallel_size 2 \
+    --virtual_pipeline_model_parallel_size 2
+  two dp2 ref "DP2 (same global batch 8)" --
+  if want critic_dp2; then
+    say "== critic DP2, $(now): $(run critic_dp2 0,1 150 sft -- "${CRITIC_ARGS[@]}")"
+    # critic_checks --cp is the generic "2-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
+    $CHECK --cp "critic DP2 (scalar rewards)" "$OUT/critic_ref.log" "$OUT/critic_dp2.log" --ltol "$LTOL" \
+      --min-drop 0.7 2>&1 | sed 's/^CP /DP2 /' | tee -a "$SUM"
+    verdict $?
+  fi
+  if want critic_engine_cp2; then
+    CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 "$(cap 150)" torchrun --nproc_per_node 2 --master_port 29792 \
+      tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/engine_cp2.json" \
+      --mg-kwargs '{"context_parallel_size": 2}' >"$OUT/engine_cp2.log" 2>&1
+    say "== critic engine CP2 rc=$? (MegatronCritic; CP support: see cp's branch), $(now)"
+    $CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_cp2.json" 2>&1 | tee -a "$SUM"
+    verdict $?
+  fi
+fi
+
+# ------------------------------------------------------------------------------- 4 GPUs
+if [ "$NGPU" -ge 4 ]; then
+  if want tp4_sp_1b; then
+    make_1b
+    say "== reference command: TP=4 + SP, --packing true --streaming true --max_length 8192 --patch_size 4, $(now)"
+    # shellcheck disable=SC2046
+    say "-- 1 GPU: $(run ref_1b 0 240 pt -- $(ARGS_1B) --streaming true)"
+    # shellcheck disable=SC2046
+    say "-- TP4+SP: $(run tp4_sp_1b 0,1,2,3 240 pt -- $(ARGS_1B) --streaming true --tensor_model_parallel_size 4 \
+      --sequence_parallel true)"
+    compare "reference command TP4+SP vs 1 GPU" ref_1b tp4_sp_1b "$TOK_1B"
+  fi
+  four() {
+    local name=$1 ref=$2 label=$3
+    shift 4
+    if want "$name"; then
+      say "== $label, $(now): $(run "$name" 0,1,2,3 150 pt -- "${TINY_ARGS[@]}" "$@")"
+      compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK"
+    fi
+  }
+  four tp2_cp2 ref "TP2+CP2" -- --tensor_model_parallel_size 2 --context_parallel_size 2
+  four tp2_pp2_sp ref "TP2+PP2+SP" -- --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 \
+    --sequence_parallel true
+fi
+
+if [ "$TOTAL" -gt 0 ] && [ "$PASS" = "$TOTAL" ]; then
+  say "LAYOUTS: OK ($PASS/$TOTAL); $(now)"
+else
+  say "LAYOUTS: FAIL ($PASS/$TOTAL); $(now)"
+fi
+exit 0
