@@ -53,7 +53,8 @@ def test_install_activates_the_plugin(tmp_path, editable):
         assert any(line.split(',')[0] == PTH for line in f)  # `pip uninstall` removes it
 
     cfg = venv / 'pyvenv.cfg'  # from here on only the venv's own site-packages
-    cfg.write_text(cfg.read_text().replace('include-system-site-packages = true', 'include-system-site-packages = false'))
+    cfg.write_text(cfg.read_text().replace('include-system-site-packages = true',
+                                           'include-system-site-packages = false'))
     env = {k: v for k, v in os.environ.items() if k not in ('SWIFT_PLT_DISABLE', 'PYTHONPATH')}
     got = json.loads(_run([python, '-c', CHECK], env=env, cwd=str(tmp_path)).stdout)
     assert got['hook'], got
