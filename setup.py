@@ -1,11 +1,12 @@
-"""swift-plt: patch-level training (PLT) for Megatron-SWIFT. `pip install .` (not -e: the startup hook below is a
-.pth file that only a regular install puts into site-packages)."""
+"""swift-plt: patch-level training (PLT) for Megatron-SWIFT. `pip install .` or `pip install -e .`: both put the
+startup hook swift_plt_startup.pth into site-packages (see swift_plt/activation.py)."""
 import os
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
 PTH = 'swift_plt_startup.pth'
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class BuildPyWithStartupHook(build_py):
@@ -13,7 +14,64 @@ class BuildPyWithStartupHook(build_py):
 
     def run(self):
         super().run()
-        self.copy_file(PTH, os.path.join(self.build_lib, PTH))
+        if not getattr(self, 'editable_mode', False):  # an editable wheel: EditableWheelWithStartupHook
+            self.copy_file(PTH, os.path.join(self.build_lib, PTH))
+
+
+cmdclass = {'build_py': BuildPyWithStartupHook}
+
+try:  # setuptools >= 64: `pip install -e .` builds a PEP 660 editable wheel with this command
+    from setuptools.command.editable_wheel import editable_wheel
+except ImportError:  # older setuptools: pip runs `setup.py develop`, which has no startup hook (README: set-up)
+    editable_wheel = None
+
+if editable_wheel is not None:
+
+    class _StrategyWithStartupHook:
+        """Wraps setuptools' editable strategy (the object that writes the editable wheel's own .pth / finder):
+        also writes swift_plt_startup.pth at the wheel root, so that it lands in site-packages and is listed in
+        the wheel's RECORD (pip uninstall removes it). No setuptools strategy can do that itself: files in
+        build_lib are only linked or redirected to, never put into site-packages."""
+
+        def __init__(self, strategy):
+            self.strategy = strategy
+            self.written = False
+
+        def __call__(self, wheel, files, mapping):
+            self.strategy(wheel, files, mapping)
+            wheel.write(os.path.join(HERE, PTH), PTH)
+            self.written = True
+
+        def __enter__(self):
+            self.strategy.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.strategy.__exit__(*exc)
+
+    class EditableWheelWithStartupHook(editable_wheel):
+        """`pip install -e .`: the editable wheel ships swift_plt_startup.pth too. It imports swift_plt through the
+        editable finder, whose own ``__editable__.swift_plt-*.pth`` sorts (and so runs) before it.
+
+        ``_select_strategy`` is setuptools-internal (the same from setuptools 64 on; used with 65.5 and 84.2);
+        ``run`` checks that it was called, so that a setuptools which stops calling it fails here with what to do,
+        instead of installing a plugin that silently never activates."""
+
+        def _select_strategy(self, *args, **kwargs):
+            self._startup_hook = _StrategyWithStartupHook(super()._select_strategy(*args, **kwargs))
+            return self._startup_hook
+
+        def run(self):
+            self._startup_hook = None
+            super().run()
+            if self._startup_hook is None or not self._startup_hook.written:
+                raise RuntimeError(
+                    f'swift-plt: this setuptools built an editable wheel without the startup hook {PTH} (its '
+                    'editable_wheel internals changed), so ms-swift would reject --patch_size. Install without -e '
+                    '(`pip install .`), or build the editable install with setuptools 64-84 '
+                    '(`pip install "setuptools>=64,<85" && pip install --no-build-isolation -e .`).')
+
+    cmdclass['editable_wheel'] = EditableWheelWithStartupHook
 
 
 setup(
@@ -23,7 +81,7 @@ setup(
     python_requires='>=3.10',
     packages=['swift_plt', 'swift_plt.critic', 'swift_plt.patches'],
     package_dir={'swift_plt.patches': 'patches'},  # the upstream touch points: one module per upstream module
-    cmdclass={'build_py': BuildPyWithStartupHook},
+    cmdclass=cmdclass,
     install_requires=[
         'ms-swift[megatron]>=4.6.0,<4.7',
         'mcore-bridge>=1.6.0,<1.7',

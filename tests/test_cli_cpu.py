@@ -109,10 +109,21 @@ def test_swift_export_round_trip_hf_mcore_hf_is_bit_exact(tmp_path, tied):
                     '--torch_dtype', 'bfloat16', '--output_dir', str(tmp_path / 'mcore')],
                    timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
-    # ms-swift's precision check prints; its criterion: "mean_diff (with loss) is less than 0.1"
+    # ms-swift's precision check (HF vs Megatron forward of the converted model, two different code paths) prints;
+    # its criterion: "mean_diff (with loss) is less than 0.1". The argmax tokens of both are printed too. They are
+    # NOT required to agree everywhere: this random model's logits are nearly flat (top-1/top-2 margin: median 0.17,
+    # some near 0), so the rounding differences of the two paths (max |diff| ~2e-3 seen) flip a few near-ties, and
+    # which ones depends on the CPU's kernels and library versions (tied: 2 of 323 flipped under
+    # ATEN_CPU_CAPABILITY=default and avx512 on this AMD EPYC, as in issue 8; untied: 0 flipped).
+    # Required: agreement >= 95%. A real conversion error fails it: a RoPE permutation error in one layer of this
+    # model gives 88% agreement (and mean_diff 0.023, which ms-swift's 0.1 lets pass), swapped layers 31%.
     mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e+-]+)', proc.stdout).group(1))
-    print(f'test_convert_precision: mean_diff (with loss) {mean_diff}')
-    assert mean_diff < 0.1 and 'token_diff (with loss): 0' in proc.stdout
+    hf_tokens, mg_tokens = (json.loads(re.search(rf'^{k}: (\[.*\])$', proc.stdout, re.M).group(1))
+                            for k in ('hf_tokens', 'mg_tokens'))
+    assert len(hf_tokens) == len(mg_tokens) > 100
+    agreement = sum(a == b for a, b in zip(hf_tokens, mg_tokens)) / len(hf_tokens)
+    print(f'test_convert_precision: mean_diff (with loss) {mean_diff}, argmax agreement {agreement:.4f}')
+    assert mean_diff < 0.1 and agreement >= 0.95, (mean_diff, agreement)
     proc = run_cli(['swift', 'export', '--mcore_model', str(tmp_path / 'mcore'), '--to_hf', 'true', '--torch_dtype',
                     'bfloat16', '--output_dir', str(tmp_path / 'back')],
                    timeout=900)
@@ -146,9 +157,9 @@ def swift_pt(tiny, out_dir, *extra, model_type='llama3_2_plt', env=None):
 def test_readme_cpu_quickstart_swift_pt_patch_size_4_trains(tmp_path):
     """The README's "CPU, no GPU" quickstart as typed (examples/quickstart_cpu.sh), 10 of its 40 steps: the HF PLT
     model trains at K=4, the loss falls, the checkpoint is a plain Llama."""
-    env = {'PATH': os.path.dirname(os.path.abspath(os.sys.executable)) + os.pathsep + os.environ['PATH']}
+    # run_cli puts this interpreter's `swift` first on PATH
     proc = run_cli(['bash', 'examples/quickstart_cpu.sh', str(tmp_path), '--max_steps', '10', '--logging_steps', '1',
-                    '--save_steps', '10'], env_extra=env, cwd=REPO, timeout=900)
+                    '--save_steps', '10'], cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert 'PLTLlamaForCausalLM' in proc.stdout and 'patch_size=4' in proc.stdout
     losses = [d['loss'] for d in hf_train_logs(str(tmp_path / 'out'))]

@@ -172,3 +172,26 @@ def test_megatron_pt_cli_tp2_matches_tp1(tiny_llama, pt_data, pt_tp1_output, tmp
         assert b['loss'] == pytest.approx(a['loss'], rel=1e-5)
         # needs --perform_initialization true (CPU_MEGATRON_ARGS): else TP rank 1 drops its gradients from the norm
         assert b['grad_norm'] == pytest.approx(a['grad_norm'], rel=1e-5)
+
+
+def test_cli_env_passes_threads_and_runs_this_interpreter(monkeypatch):
+    """OMP_NUM_THREADS given from outside reaches every process the harness starts (else 1), so that a run of the
+    suite under OMP_NUM_THREADS=2 tests 2 threads; `swift` / `megatron` run under this interpreter (in a
+    --system-site-packages venv the ones on PATH would run the base python, without this venv's swift-plt)."""
+    import os
+    import shutil
+    import sys
+
+    from harness.cli import CONSOLE_SCRIPTS, harness_env
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')
+    env = harness_env(nproc=2)
+    assert env['OMP_NUM_THREADS'] == env['MKL_NUM_THREADS'] == '2' and env['NPROC_PER_NODE'] == '2'
+    monkeypatch.delenv('OMP_NUM_THREADS')
+    env = harness_env()
+    assert env['OMP_NUM_THREADS'] == '1'
+    for name in CONSOLE_SCRIPTS:
+        exe = shutil.which(name, path=env['PATH'])
+        assert exe, name
+        with open(exe) as f:
+            shebang = f.readline()
+        assert shebang.strip() == '#!' + sys.executable or os.path.dirname(exe) == os.path.dirname(sys.executable)

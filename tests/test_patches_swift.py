@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
+from harness.dist import cpu_threads
 from harness.tiny import make_tiny_llama
 
-ENV = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS='1')
+ENV = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS=cpu_threads())
 
 
 def _python(code, **env):

@@ -1,4 +1,5 @@
 """swift_plt.plt against brute-force references written the obvious way, on random inputs."""
+import io
 import os
 import socket
 
@@ -229,9 +230,11 @@ def _vocab_split_worker(rank, world, port, logits_full, labels, k, queue):
         losses = plt.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD)
         mask = labels != IGN
         ((losses * mask).sum() / mask.sum()).backward()
-        # numpy, not tensors: a tensor crosses the queue through shared memory, which fails (ConnectionResetError,
-        # seen) when this rank exits before the parent has opened it
-        queue.put((rank, losses.detach().numpy(), shard.grad.numpy()))
+        # as bytes: a tensor put on a torch.multiprocessing queue travels as a file descriptor that the reader
+        # fetches from this process, which may have exited by then (ConnectionResetError, seen under load)
+        buf = io.BytesIO()
+        torch.save((losses.detach(), shard.grad), buf)
+        queue.put((rank, buf.getvalue()))
     finally:
         torch.distributed.destroy_process_group()
 
@@ -255,7 +258,7 @@ def test_loss_vocab_parallel_matches_full_vocab(world):
     procs = [ctx.Process(target=_vocab_split_worker, args=(r, world, port, logits, labels, k, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = {r: (torch.from_numpy(l), torch.from_numpy(g)) for r, l, g in (queue.get(timeout=120) for _ in procs)}
+    results = dict((r, torch.load(io.BytesIO(payload))) for r, payload in (queue.get(timeout=120) for _ in procs))
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

@@ -12,6 +12,7 @@ import pytest
 
 from harness import spawn
 from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
+from harness.dist import cpu_threads
 from harness.tiny import make_jsonl, make_tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -130,7 +131,8 @@ def test_exports_are_plain_llamas_for_plain_transformers(run, export):
     assert 'patch_size' not in config and 'auto_map' not in config
     assert not os.path.exists(os.path.join(hf, 'args.json'))
     # a fresh interpreter without swift-plt (startup hook off): plain transformers, no remote code
-    env = dict(os.environ, SWIFT_PLT_DISABLE='1', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS='1')
+    env = dict(os.environ, SWIFT_PLT_DISABLE='1', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1',
+               OMP_NUM_THREADS=cpu_threads())
     proc = subprocess.run([sys.executable, '-m', 'swift_plt.vanilla', '--check', hf], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,13 +1,17 @@
 """Run the stock ms-swift CLI (``megatron pt``, ``swift export``, ...) on CPU in a subprocess."""
 import ast
+import atexit
 import glob
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Dict, List, Optional
 
-from .dist import free_port
+from .dist import cpu_threads, free_port
 
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'site')
 
@@ -27,14 +31,48 @@ CPU_MEGATRON_ARGS: List[str] = [
 ]  # yapf: disable
 
 
+# The stock console scripts the tests run (ms-swift's), which must run under this interpreter.
+CONSOLE_SCRIPTS = ('swift', 'megatron')
+_script_dir = None
+
+
+def script_dir() -> str:
+    """A directory whose ``swift`` / ``megatron`` run under this interpreter; ``harness_env`` puts it first on PATH.
+
+    Normally this interpreter's bin directory (the venv's). In a venv made with ``--system-site-packages`` over a
+    Python that already has ms-swift, pip writes no ``swift`` / ``megatron`` into the venv, and the ones on PATH run
+    the base interpreter, which does not see the swift-plt installed in the venv. Then the same console scripts,
+    with this interpreter in the shebang, are written to a temporary directory (removed at exit).
+    """
+    global _script_dir
+    bin_dir = os.path.dirname(sys.executable)
+    if all(os.path.exists(os.path.join(bin_dir, name)) for name in CONSOLE_SCRIPTS):
+        return bin_dir
+    if _script_dir is None:
+        tmp = tempfile.mkdtemp(prefix='swift_plt_harness_bin_')
+        atexit.register(shutil.rmtree, tmp, True)
+        for ep in importlib.metadata.entry_points(group='console_scripts'):
+            if ep.name in CONSOLE_SCRIPTS:
+                path = os.path.join(tmp, ep.name)
+                with open(path, 'w') as f:  # what pip writes for a console script
+                    f.write(f'#!{sys.executable}\nimport sys\nfrom {ep.module} import {ep.attr}\n'
+                            f'sys.argv[0] = {ep.name!r}\nsys.exit({ep.attr}())\n')
+                os.chmod(path, 0o755)
+        _script_dir = tmp
+    return _script_dir
+
+
 def harness_env(env_extra: Optional[Dict[str, str]] = None, nproc: int = 1) -> Dict[str, str]:
-    """Environment of a CPU CLI run: harness sitecustomize on PYTHONPATH, one thread, offline, torchrun settings."""
+    """Environment of a CPU CLI run: harness sitecustomize on PYTHONPATH, this interpreter's ``swift`` /
+    ``megatron`` first on PATH, ``OMP_NUM_THREADS`` as given from outside (else 1) per process, offline, torchrun
+    settings."""
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join([SITE_DIR] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+    env['PATH'] = os.pathsep.join([script_dir(), os.path.dirname(sys.executable), env.get('PATH', '')])
     env.update({
         'SWIFT_PLT_CPU_HARNESS': '1',
-        'OMP_NUM_THREADS': '1',
-        'MKL_NUM_THREADS': '1',
+        'OMP_NUM_THREADS': cpu_threads(),
+        'MKL_NUM_THREADS': cpu_threads(),
         'TOKENIZERS_PARALLELISM': 'false',
         'HF_HUB_OFFLINE': '1',
         'TRANSFORMERS_OFFLINE': '1',
@@ -59,15 +97,16 @@ def run_cli(argv: List[str],
             check: bool = False) -> subprocess.CompletedProcess:
     """Run ``argv`` (e.g. ``['megatron', 'pt', '--model', d, ...]`` or ``['swift', 'export', ...]``) on CPU.
 
-    The entry point is taken from this interpreter's bin directory (the venv). Returns the CompletedProcess with
-    stdout and stderr merged in ``.stdout`` (text). ``check=True`` raises ``CalledProcessError`` on failure, with
-    the output in the message tail.
+    ``swift`` / ``megatron`` run under this interpreter (``script_dir``); other commands come from this
+    interpreter's bin directory, else PATH. Returns the CompletedProcess with stdout and stderr merged in
+    ``.stdout`` (text). ``check=True`` raises ``CalledProcessError`` on failure, with the output in the message
+    tail.
     """
-    exe = os.path.join(os.path.dirname(sys.executable), argv[0])
-    cmd = [exe if os.path.exists(exe) else argv[0], *argv[1:]]
+    env = harness_env(env_extra, nproc)
+    cmd = [shutil.which(argv[0], path=env['PATH']) or argv[0], *argv[1:]]
     proc = subprocess.run(
         cmd,
-        env=harness_env(env_extra, nproc),
+        env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -16,10 +16,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_threads() -> str:
+    """Threads per process for everything the harness starts: ``OMP_NUM_THREADS`` as given from outside (so that a
+    test run under ``OMP_NUM_THREADS=2`` really runs its ranks and CLIs with 2 threads), else 1."""
+    value = os.environ.get('OMP_NUM_THREADS', '').strip()
+    return value if value.isdigit() and int(value) > 0 else '1'
+
+
 def _set_threads():
     import torch
-    os.environ['OMP_NUM_THREADS'] = '1'
-    torch.set_num_threads(1)
+    os.environ['OMP_NUM_THREADS'] = cpu_threads()
+    torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
 
 
 def init_megatron(*, rank: int = 0, world_size: int = 1, tp: int = 1, pp: int = 1, port: int = None,
@@ -113,7 +120,7 @@ def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: 
         for rank in range(world_size)
     ]
     env_before = os.environ.get('OMP_NUM_THREADS')
-    os.environ['OMP_NUM_THREADS'] = '1'  # inherited by the children before torch starts there
+    os.environ['OMP_NUM_THREADS'] = cpu_threads()  # inherited by the children before torch starts there
     try:
         for p in procs:
             p.start()
