@@ -4,6 +4,7 @@ builds correct after mcore-bridge's real ``get_rope_inv_freq`` ran in the proces
 --test_convert_precision` of ``llama3_2_plt`` (an HF model loaded after the mcore one) passes; examples import nothing
 from tests/."""
 import glob
+import json
 import os
 import re
 
@@ -146,9 +147,16 @@ def test_swift_export_to_hf_test_convert_precision(tmp_path):
     proc = run_cli(['swift', 'export', '--mcore_model', str(tmp_path / 'mcore'), *common, '--to_hf', 'true',
                     '--test_convert_precision', 'true', '--output_dir', str(tmp_path / 'back')], timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
+    # ms-swift's criterion: mean_diff (with loss) < 0.1. HF and Megatron are two code paths in bf16 and this random
+    # model's logits are nearly flat, so a few argmax near-ties may flip (1 of ~340 seen on transformers 4.57.6 in
+    # the --to_mcore check): >= 95% argmax agreement, as in tests/test_cli_cpu.py's round trip.
     mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e+-]+)', proc.stdout).group(1))
-    print(f'--to_hf test_convert_precision: mean_diff (with loss) {mean_diff}')
-    assert mean_diff < 0.1 and 'token_diff (with loss): 0' in proc.stdout
+    hf_tokens, mg_tokens = (json.loads(re.search(rf'^{k}: (\[.*\])$', proc.stdout, re.M).group(1))
+                            for k in ('hf_tokens', 'mg_tokens'))
+    assert len(hf_tokens) == len(mg_tokens) > 100
+    agreement = sum(a == b for a, b in zip(hf_tokens, mg_tokens)) / len(hf_tokens)
+    print(f'--to_hf test_convert_precision: mean_diff (with loss) {mean_diff}, argmax agreement {agreement:.4f}')
+    assert mean_diff < 0.1 and agreement >= 0.95, (mean_diff, agreement)
 
 
 # ----------------------------------------------------------------------------------------------- examples
