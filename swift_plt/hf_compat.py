@@ -22,6 +22,7 @@ build an HF model in a process where mcore-bridge ran uses it: the HF-side loade
 ``swift_plt.vanilla.check_vanilla``; so do the tiny-model generator (``swift_plt.tiny``) and the test harness.
 """
 import contextlib
+import functools
 from importlib import metadata
 
 MIN_VERSION = (4, 57)  # ms-swift 4.6 recommends 4.57.6 (or 5.12.1); older 4.x is not supported by swift-plt
@@ -79,3 +80,30 @@ def hf_rope_guard():
             ROPE_INIT_FUNCTIONS.pop('default', None)
         else:
             ROPE_INIT_FUNCTIONS['default'] = saved
+
+
+@functools.lru_cache(maxsize=None)
+def has_bias_free_token_classification() -> bool:
+    """Whether transformers' ``LlamaForTokenClassification`` honours ``token_classification_bias=False`` (the
+    critic's HF format: a bias-free value head ``score.weight [1, H]``). 5.17 / 5.19: yes; 4.57.x: no (its ``score``
+    always has a bias, which a critic checkpoint does not have: transformers would initialise it randomly). Probed
+    on a 1-layer, 8-wide model (milliseconds), not inferred from the version number."""
+    from transformers import LlamaConfig, LlamaForTokenClassification
+    config = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+                         num_key_value_heads=1, num_labels=1, token_classification_bias=False)
+    with hf_rope_guard():
+        return LlamaForTokenClassification(config).score.bias is None
+
+
+def check_critic_supported() -> None:
+    """Refuse the value-head critic (``llama3_2_critic``) on a transformers without a bias-free token-classification
+    head (4.57.x), with what to do; called where a critic run or conversion starts (its arguments, its ms-swift HF
+    loader, its mcore config, the converter CLI), before anything loads."""
+    if not has_bias_free_token_classification():
+        raise RuntimeError(
+            f'swift-plt: the value-head critic (llama3_2_critic) needs transformers 5.x (verified: 5.17, 5.19); '
+            f'installed: transformers=='
+            f'{metadata.version("transformers")}. Its HF format is LlamaForTokenClassification(num_labels=1) with a '
+            'bias-free value head (token_classification_bias=False), which this transformers does not support (its '
+            'head always has a bias, which transformers would initialise randomly). Install '
+            '"transformers>=5.17,<5.20" for critic runs (patch-level training, llama3_2_plt, works on 4.57.x).')

@@ -44,6 +44,36 @@ def test_installed_transformers_is_supported():
     assert hf_compat.is_supported(hf_compat.transformers_version())
 
 
+# ----------------------------------------------------------------------------------------------- the critic on 4.x
+def test_critic_refused_without_bias_free_head(monkeypatch):
+    """transformers 4.57.x has no bias-free LlamaForTokenClassification head (the critic's HF format): critic runs
+    are refused where they start (arguments, ms-swift HF loader) with what to do; PLT arguments are unaffected."""
+    from types import SimpleNamespace
+
+    from swift_plt.critic import CRITIC_MODEL_TYPE
+    from swift_plt.critic.arguments import resolve_critic_args
+    from swift_plt.critic.hf import CriticHFLoader
+    monkeypatch.setattr(hf_compat, 'has_bias_free_token_classification', lambda: False)
+    message = r'llama3_2_critic\) needs transformers 5.x .*token_classification_bias=False.*"transformers>=5.17,<5.20"'
+    with pytest.raises(RuntimeError, match=message):
+        resolve_critic_args(SimpleNamespace(model_type=CRITIC_MODEL_TYPE, value_clip_range=None))
+    with pytest.raises(RuntimeError, match=message):
+        CriticHFLoader(None, None)
+    resolve_critic_args(SimpleNamespace(model_type='llama3_2_plt', value_clip_range=None))  # not a critic: no check
+
+
+def test_bias_free_head_probe():
+    """The probe behind the refusal, on this venv's transformers (CI: 5.19 yes, 4.57.6 no)."""
+    from transformers import LlamaConfig, LlamaForTokenClassification
+    config = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+                         num_key_value_heads=1, num_labels=1, token_classification_bias=False)
+    with hf_compat.hf_rope_guard():
+        keys = set(LlamaForTokenClassification(config).state_dict())
+    assert hf_compat.has_bias_free_token_classification() == ('score.bias' not in keys)
+    if hf_compat.transformers_version()[:2] in {(4, 57), (5, 19)}:  # the two versions CI runs
+        assert hf_compat.has_bias_free_token_classification() == hf_compat.is_transformers_5()
+
+
 # ----------------------------------------------------------------------------------------------- the RoPE guard
 def _rope_hazard_worker(hf_dir, input_ids):
     """In a fresh process: logits of the HF Llama before mcore-bridge ran, then after its real get_rope_inv_freq,
