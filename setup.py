@@ -86,7 +86,9 @@ setup(
         'ms-swift[megatron]>=4.6.0,<4.7',
         'mcore-bridge>=1.6.0,<1.7',
         'megatron-core>=0.16.0,<0.17',
-        'transformers>=4.43',
+        # 4.57.x and 5.x up to ms-swift 4.6's own cap (transformers<5.20.0); verified 4.57.6 and 5.17 / 5.19.
+        # swift_plt/hf_compat.py holds the same range (checked at activation) and the 4.x / 5.x RoPE work-around.
+        'transformers>=4.57,<5.20',
         'datasets',
         'pyyaml',  # --config of the two-stage recipe (already a dependency of transformers / ms-swift)
         'torch',
@@ -95,6 +97,7 @@ setup(
         'console_scripts': [
             'swift-plt-two-stage = swift_plt.two_stage:main',
             'swift-plt-export-vanilla = swift_plt.vanilla:main',
+            'swift-plt-make-tiny = swift_plt.tiny:main',
         ],
     },
     extras_require={'test': ['pytest']},

@@ -2,6 +2,8 @@
 transformers' own ``LlamaForCausalLM`` (K=1 loads exactly what model type ``llama`` loads)."""
 from swift.model.register import ModelLoader
 
+from .hf_compat import hf_rope_guard
+
 
 class PLTLlamaLoader(ModelLoader):
 
@@ -17,4 +19,7 @@ class PLTLlamaLoader(ModelLoader):
             from .modeling_llama import PLTLlamaForCausalLM
             config.patch_size = k
             self.auto_model_cls = PLTLlamaForCausalLM
-        return super().get_model(model_dir, config, processor, model_kwargs)
+        # safe after mcore-bridge ran in this process (e.g. `swift export --to_hf --test_convert_precision`), on
+        # transformers 4.57.x and 5.x (swift_plt/hf_compat.py)
+        with hf_rope_guard():
+            return super().get_model(model_dir, config, processor, model_kwargs)

@@ -129,7 +129,10 @@ def check_vanilla(hf_dir: str) -> dict:
     if problems:
         raise AssertionError(f'{hf_dir} is not a vanilla Llama checkpoint: ' + '; '.join(problems))
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False)
+
+    from .hf_compat import hf_rope_guard
+    with hf_rope_guard():  # safe after mcore-bridge ran in this process, on transformers 4.57.x and 5.x
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False)
     cls = type(model)
     if (cls.__module__, cls.__name__) != ('transformers.models.llama.modeling_llama', 'LlamaForCausalLM'):
         raise AssertionError(f'{hf_dir} loads as {cls.__module__}.{cls.__name__}, not transformers LlamaForCausalLM')

@@ -1,6 +1,8 @@
 """The upstream versions swift-plt was verified against, and the check that refuses anything else."""
 from importlib import metadata
 
+from . import hf_compat
+
 # distribution -> (verified prefix, human-readable range)
 VERIFIED = {
     'ms-swift': ('4.6.', '4.6.x'),
@@ -28,8 +30,12 @@ def check_versions(required=('ms-swift', )) -> None:
                 bad.append(f'{dist} is not installed (need {shown})')
         elif not version.startswith(prefix):
             bad.append(f'{dist}=={version} (verified: {shown})')
+    version = installed_version('transformers')  # a range across two majors (swift_plt/hf_compat.py)
+    if version is not None and not hf_compat.is_supported(hf_compat.parse_version(version)):
+        bad.append(f'transformers=={version} (supported: {hf_compat.SHOWN})')
     if bad:
         raise RuntimeError('swift-plt refuses to patch an unverified stack: ' + '; '.join(bad) +
                            '. Install the verified versions (pip install "ms-swift[megatron]==4.6.*" '
-                           '"mcore-bridge==1.6.*" "megatron-core==0.16.*"), or set '
+                           '"mcore-bridge==1.6.*" "megatron-core==0.16.*" '
+                           f'"transformers{hf_compat.SUPPORTED}"), or set '
                            f'{DISABLE_ENV}=1 to run ms-swift without swift-plt.')

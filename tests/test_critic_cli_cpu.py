@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from harness.cli import run_cli
+from harness.compat import requires_critic_transformers
 from harness.tiny import make_tiny_critic, make_tiny_llama
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, requires_critic_transformers]
 CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
 
 

@@ -10,10 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from harness.compat import requires_critic_transformers
 from harness.tiny import make_tiny_llama
 from swift_plt.critic import CRITIC_MODEL_TYPE
 from swift_plt.critic.convert import convert, main
 from swift_plt.critic.keys import check_critic_keys, llama_trunk_shapes
+
+pytestmark = requires_critic_transformers
 
 H, VOCAB = 64, 512
 

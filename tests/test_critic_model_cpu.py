@@ -7,8 +7,11 @@ import os
 import pytest
 import torch
 
+from harness.compat import requires_critic_transformers
 from harness.dist import spawn
 from harness.tiny import make_tiny_critic, make_tiny_llama
+
+pytestmark = requires_critic_transformers
 
 B, S, VOCAB = 2, 12, 512
 

@@ -6,6 +6,7 @@ import torch
 from swift.model.register import ModelLoader
 from transformers import AutoModelForTokenClassification
 
+from ..hf_compat import check_critic_supported, hf_rope_guard
 from . import CRITIC_MODEL_TYPE
 from .keys import HEAD_KEY, critic_hf_config, read_safetensors_shapes
 
@@ -42,6 +43,7 @@ def init_missing_hf_head(model, model_dir: str) -> None:
 class CriticHFLoader(ModelLoader):
 
     def __init__(self, *args, **kwargs):
+        check_critic_supported()  # transformers 4.57.x: refused before anything loads (swift_plt/hf_compat.py)
         super().__init__(*args, **kwargs)
         self.auto_model_cls = self.auto_model_cls or AutoModelForTokenClassification
 
@@ -49,7 +51,8 @@ class CriticHFLoader(ModelLoader):
         return critic_hf_config(super().get_config(model_dir))
 
     def get_model(self, model_dir, config, processor, model_kwargs):
-        model = super().get_model(model_dir, config, processor, model_kwargs)
+        with hf_rope_guard():  # safe after mcore-bridge ran in this process (swift_plt/hf_compat.py)
+            model = super().get_model(model_dir, config, processor, model_kwargs)
         ignore_token_labels(model)
         if not self.return_dummy_model:
             init_missing_hf_head(model, model_dir)

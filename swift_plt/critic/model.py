@@ -68,6 +68,8 @@ def values(output: torch.Tensor) -> torch.Tensor:
 class CriticModelConfig(ModelConfig):
 
     def __post_init__(self):
+        from ..hf_compat import check_critic_supported
+        check_critic_supported()  # transformers 4.57.x: refused (the HF format needs a bias-free token-cls head)
         unsupported = {
             'mtp_num_layers (no multi-token prediction for a critic)': bool(self.mtp_num_layers),
             f'task_type={self.task_type} (the critic is seq_cls with num_labels=1)':

@@ -76,10 +76,11 @@ into fp16 mixed precision (``fp16=True``), whose first steps give inf/NaN gradie
 rejects; for real fp32 add ``--fp16 false --bf16 false``; ``--torch_dtype bfloat16`` (bf16) also works.
 
 Known hazard, not patched globally: once mcore-bridge computes RoPE frequencies (``mcore_bridge.model.rope.
-get_rope_inv_freq``) it adds its own ``ROPE_INIT_FUNCTIONS['default']`` to transformers for the whole process;
-building/loading an HF Llama afterwards fails (``'LlamaConfig' object has no attribute 'rope_theta'``). The harness's
-own HF helpers (``make_tiny_llama``, ``hf_logits``) run under ``tiny.hf_rope_guard()``, which lifts the entry for
-their duration; elsewhere build HF models first, in another process, or inside ``hf_rope_guard()``.
+get_rope_inv_freq``) on transformers 5.x it adds its own ``ROPE_INIT_FUNCTIONS['default']`` to transformers for the
+whole process; building/loading an HF Llama afterwards fails (``'LlamaConfig' object has no attribute
+'rope_theta'``). The harness's own HF helpers (``make_tiny_llama``, ``hf_logits``) run under
+``swift_plt.hf_compat.hf_rope_guard()``, which gives transformers its own entry back for their duration (none on
+5.x, transformers' function on 4.57.x); elsewhere build HF models first, in another process, or inside it.
 """
 import os
 
