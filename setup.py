@@ -100,5 +100,6 @@ setup(
             'swift-plt-make-tiny = swift_plt.tiny:main',
         ],
     },
-    extras_require={'test': ['pytest']},
+    # triton: tests/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it)
+    extras_require={'test': ['pytest', 'triton; platform_system == "Linux" and platform_machine == "x86_64"']},
 )
