@@ -7,7 +7,7 @@
 #            GPU 0): step-1 loss (same range; the two data paths pack different rows, see below), falling curves,
 #            tokens/s and peak memory side by side.
 #   2 GPUs : the tiny-model matrix, each layout against its 1-GPU reference on the same data/seed/global batch:
-#            TP2+SP, CP2 zigzag packed, CP2 contiguous, PP2+VPP2, DP2 (PLT K=4, megatron pt); critic DP2
+#            TP2+SP, CP2 zigzag packed, CP2 zigzag THD, CP2 contiguous (must be refused), PP2+VPP2, DP2 (PLT K=4, megatron pt); critic DP2
 #            (megatron sft --model_type llama3_2_critic); critic engine CP2 (MegatronCritic, critic_checks.py).
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
 #            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP.
@@ -71,8 +71,8 @@ if [ -z "${LAYOUTS:-}" ]; then
   case $NGPU in
   0) LAYOUTS="" ;;
   1) LAYOUTS="stream1b" ;;
-  2 | 3) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" ;;
-  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
+  2 | 3) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" ;;
+  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
   esac
 fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
@@ -246,7 +246,18 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   }
   two tp2_sp ref "TP2+SP" -- --tensor_model_parallel_size 2 --sequence_parallel true
   two cp2_zigzag_packed ref_packed "CP2 zigzag, --packing true" -- --context_parallel_size 2 --packing true
-  two cp2_contiguous ref "CP2 contiguous" -- --context_parallel_size 2 --cp_partition_mode contiguous
+  two cp2_thd ref "CP2 zigzag, padding-free (THD)" -- --context_parallel_size 2
+  if want cp2_contiguous; then # refused at K>1 (README, Context parallel): must fail before step 1 with the message
+    run cp2_contiguous 0,1 120 pt -- "${TINY_ARGS[@]}" --context_parallel_size 2 --cp_partition_mode contiguous >/dev/null
+    if [ "$(cat "$R/cp2_contiguous/rc")" != 0 ] && grep -q -F -- '--cp_partition_mode contiguous with --context_parallel_size > 1' "$OUT/cp2_contiguous.log" &&
+      ! grep -q "'loss'" "$OUT/cp2_contiguous.log"; then
+      say "-- CP2 contiguous: refused before step 1 with the message (expected)"
+      verdict 0
+    else
+      say "-- CP2 contiguous: NOT refused as expected (see cp2_contiguous.log)"
+      verdict 1
+    fi
+  fi
   two pp2_vpp2 ref "PP2+VPP2 (4 layers: 1 per virtual stage)" -- --pipeline_model_parallel_size 2 \
     --virtual_pipeline_model_parallel_size 2
   two dp2 ref "DP2 (same global batch 8)" --
