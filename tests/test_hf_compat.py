@@ -4,14 +4,13 @@ builds correct after mcore-bridge's real ``get_rope_inv_freq`` ran in the proces
 --test_convert_precision` of ``llama3_2_plt`` (an HF model loaded after the mcore one) passes; examples import nothing
 from tests/."""
 import glob
-import json
 import os
 import re
 
 import pytest
 import torch
 
-from harness.cli import run_cli
+from harness.cli import convert_precision, run_cli
 from harness.dist import spawn
 from harness.tiny import make_tiny_llama
 from swift_plt import hf_compat, versions
@@ -180,11 +179,7 @@ def test_swift_export_to_hf_test_convert_precision(tmp_path):
     # ms-swift's criterion: mean_diff (with loss) < 0.1. HF and Megatron are two code paths in bf16 and this random
     # model's logits are nearly flat, so a few argmax near-ties may flip (1 of ~340 seen on transformers 4.57.6 in
     # the --to_mcore check): >= 95% argmax agreement, as in tests/test_cli_cpu.py's round trip.
-    mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e+-]+)', proc.stdout).group(1))
-    hf_tokens, mg_tokens = (json.loads(re.search(rf'^{k}: (\[.*\])$', proc.stdout, re.M).group(1))
-                            for k in ('hf_tokens', 'mg_tokens'))
-    assert len(hf_tokens) == len(mg_tokens) > 100
-    agreement = sum(a == b for a, b in zip(hf_tokens, mg_tokens)) / len(hf_tokens)
+    mean_diff, agreement = convert_precision(proc.stdout)
     print(f'--to_hf test_convert_precision: mean_diff (with loss) {mean_diff}, argmax agreement {agreement:.4f}')
     assert mean_diff < 0.1 and agreement >= 0.95, (mean_diff, agreement)
 

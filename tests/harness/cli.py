@@ -5,6 +5,7 @@ import glob
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -152,3 +153,15 @@ def hf_train_logs(output_dir: str) -> List[dict]:
     with open(paths[-1]) as f:
         logs = [json.loads(line) for line in f if line.strip()]
     return [d for d in logs if 'loss' in d]
+
+
+def convert_precision(output: str):
+    """(mean_diff, argmax agreement) of ms-swift's `--test_convert_precision` check, parsed from a run's output:
+    its "mean_diff (with loss)" and the fraction of positions where the printed HF and Megatron argmax tokens
+    (`hf_tokens:` / `mg_tokens:`, > 100 of them) agree. Two code paths in bf16 on a random model with nearly flat
+    logits: assert a rate (tests use >= 95%), never that every near-tie resolves the same way."""
+    mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e+-]+)', output).group(1))
+    hf_tokens, mg_tokens = (json.loads(re.search(rf'^{k}: (\[.*\])$', output, re.M).group(1))
+                            for k in ('hf_tokens', 'mg_tokens'))
+    assert len(hf_tokens) == len(mg_tokens) > 100, (len(hf_tokens), len(mg_tokens))
+    return mean_diff, sum(a == b for a, b in zip(hf_tokens, mg_tokens)) / len(hf_tokens)
