@@ -22,6 +22,9 @@ def model_patch_size(model) -> int:
     for _ in range(4):
         if isinstance(model, PLTLlamaForCausalLM):
             return model.patch_size
+        if hasattr(model, 'get_base_model'):  # PEFT (LoRA): its .base_model is the LoraModel, whose own
+            model = model.get_base_model()  # .base_model would skip past the PLT model to the inner LlamaModel
+            continue
         model = getattr(model, 'module', None) or getattr(model, 'base_model', None)
         if model is None:
             break

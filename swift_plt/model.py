@@ -92,8 +92,10 @@ def patch_packed_seq_params_cp(packed_seq_params, patch_size: int):
         value = getattr(packed_seq_params, name, None)
         if value is not None:
             setattr(params, name, cp_patch_cu_seqlens(value, patch_size))
-    params.max_seqlen_q = int((params.cu_seqlens_q[1:] - params.cu_seqlens_q[:-1]).max())
-    params.max_seqlen_kv = int((params.cu_seqlens_kv[1:] - params.cu_seqlens_kv[:-1]).max())
+    for name in ('max_seqlen_q', 'max_seqlen_kv'):  # from the host int where ms-swift gives one (no device sync)
+        token_max, cu = getattr(packed_seq_params, name), getattr(params, 'cu_seqlens_' + name[len('max_seqlen_'):])
+        setattr(params, name, token_max // patch_size if isinstance(token_max, int) and token_max > 0 else
+                int((cu[1:] - cu[:-1]).max()))  # exact: every document is a multiple of 2*CP*K tokens
     if hasattr(params, 'total_tokens') and getattr(packed_seq_params, 'total_tokens', None) is not None:
         params.total_tokens = packed_seq_params.total_tokens // patch_size
     return params

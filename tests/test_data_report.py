@@ -173,6 +173,8 @@ def test_step_loss_token_counts():
             self.module = module
 
     assert model_patch_size(plt) == 4 and model_patch_size(Wrap(plt)) == 4
+    from peft import LoraConfig, get_peft_model  # LoRA: PeftModel.base_model is the LoraModel, not the PLT model
+    assert model_patch_size(Wrap(get_peft_model(plt, LoraConfig(r=2, target_modules=['q_proj'])))) == 4
     assert model_patch_size(LlamaForCausalLM(config)) == 1  # a config.json patch_size on a plain Llama: K=1
     assert model_patch_size(torch.nn.Linear(1, 1)) == 1
 

@@ -38,3 +38,23 @@ def test_patch_packed_seq_params_host_max_equals_device_max(model_mod, k):
         assert torch.equal(fast.cu_seqlens_q, slow.cu_seqlens_q)
         assert slow.max_seqlen_q == max([d // k for d in docs] + ([1] if pad else []))
         assert token_params.max_seqlen_q == max(docs + ([1] if pad else []))  # the token object is unchanged
+
+
+@pytest.mark.parametrize('k, cp', [(2, 2), (4, 2), (4, 4)])
+def test_cp_patch_packed_seq_params_host_max(model_mod, k, cp):
+    """Context parallel: every packed document is a multiple of 2*CP*K tokens, so the patch-level max_seqlen is the
+    token-level host int // K, equal to the max of the patch cu_seqlens (the syncing fallback, a non-int max)."""
+    model, get_packed_seq_params = model_mod
+    args = types.SimpleNamespace(cp_partition_mode=None)
+    g = torch.Generator().manual_seed(k * cp)
+    for _ in range(20):
+        docs = [int(x) * 2 * cp * k for x in torch.randint(1, 5, (int(torch.randint(1, 5, (1, ), generator=g)), ),
+                                                           generator=g)]
+        pos = torch.tensor([sum((list(range(d)) for d in docs), [])])
+        token_params = get_packed_seq_params(args, pos)
+        assert isinstance(token_params.max_seqlen_q, int)
+        fast = model.patch_packed_seq_params_cp(token_params, k)
+        token_params.max_seqlen_q = token_params.max_seqlen_kv = None  # no host int: computed on the device
+        slow = model.patch_packed_seq_params_cp(token_params, k)
+        assert fast.max_seqlen_q == fast.max_seqlen_kv == slow.max_seqlen_q == slow.max_seqlen_kv == max(docs) // k
+        assert torch.equal(fast.cu_seqlens_q, slow.cu_seqlens_q)
