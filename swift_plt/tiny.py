@@ -55,6 +55,17 @@ def sentences(n: int = 400, seed: int = 0) -> List[str]:
     return out[:n]
 
 
+def make_tokenizer_config_portable(out_dir: str) -> None:
+    """transformers 5 writes tokenizer_class "TokenizersBackend"; PreTrainedTokenizerFast loads under 4.x and 5.x."""
+    tc_path = os.path.join(out_dir, 'tokenizer_config.json')
+    with open(tc_path) as f:
+        tc = json.load(f)
+    tc['tokenizer_class'] = 'PreTrainedTokenizerFast'
+    tc.pop('backend', None)
+    with open(tc_path, 'w') as f:
+        json.dump(tc, f, indent=2)
+
+
 def _train_tokenizer(vocab_size: int, seed: int, model_max_length: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -111,14 +122,7 @@ def make_tiny_llama(out_dir: str,
     os.makedirs(out_dir, exist_ok=True)
     tokenizer = _train_tokenizer(vocab_size, seed, max_position_embeddings)
     tokenizer.save_pretrained(out_dir)
-    # transformers 5 writes tokenizer_class "TokenizersBackend"; PreTrainedTokenizerFast loads under 4.x and 5.x.
-    tc_path = os.path.join(out_dir, 'tokenizer_config.json')
-    with open(tc_path) as f:
-        tc = json.load(f)
-    tc['tokenizer_class'] = 'PreTrainedTokenizerFast'
-    tc.pop('backend', None)
-    with open(tc_path, 'w') as f:
-        json.dump(tc, f, indent=2)
+    make_tokenizer_config_portable(out_dir)
 
     config = LlamaConfig(
         vocab_size=vocab_size,

@@ -61,13 +61,8 @@ def train_tokenizer(texts, vocab, out_dir, max_len):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>', eos_token='</s>', unk_token='<unk>',
                                    pad_token='<pad>', model_max_length=max_len)
     fast.save_pretrained(out_dir)
-    tc_path = os.path.join(out_dir, 'tokenizer_config.json')  # loads under transformers 4.x and 5.x
-    with open(tc_path) as f:
-        tc = json.load(f)
-    tc['tokenizer_class'] = 'PreTrainedTokenizerFast'
-    tc.pop('backend', None)
-    with open(tc_path, 'w') as f:
-        json.dump(tc, f, indent=2)
+    from swift_plt.tiny import make_tokenizer_config_portable
+    make_tokenizer_config_portable(out_dir)  # loads under transformers 4.x and 5.x
     return tok
 
 
