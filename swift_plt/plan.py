@@ -1,17 +1,24 @@
 """Budget arithmetic of the two-stage PLT recipe (pure: no torch, no ms-swift).
 
 Given a token budget N, a patch size K, the patch-level fraction λ, the token-level sequence length T and the global
-batch size G (sequences per optimizer step):
+batch size G (sequences per optimizer step of the token-level stage):
 
-  stage 1 (patch level)  λ·N tokens at sequence length K·T; one step consumes G·K·T tokens (G sequences of T patches)
+  stage 1 (patch level)  λ·N tokens at sequence length K·T, G1 sequences per step:
+                           stage1_batch='tokens' (default): G1 = G/K, one step consumes G·T tokens, the same as a
+                             stage-2 step, so both stages take the same number of optimizer steps per token. This is
+                             the paper's set-up (PatchTrain's run_patch.sh: gradient accumulation 8 at block size
+                             8192 vs 32 at 2048 in run_token.sh: the same tokens per step, 90k + 45k steps vs 135k).
+                           stage1_batch='sequences': G1 = G, one step consumes G·K·T tokens (K times the tokens per
+                             step and 1/K the steps of the default; at small budgets this leaves stage 1 too few
+                             steps: see benchmarks/quality/README.md).
   stage 2 (token level)  (1-λ)·N tokens at sequence length T; one step consumes G·T tokens
 
   train_iters = floor(stage tokens / tokens per step)    (rounded DOWN: never more than the budget)
   tokens actually consumed = train_iters · tokens per step (<= the stage's share)
 
-A step of either stage runs the model over G·T positions (T patches or T tokens), so the compute relative to
-token-level training on the same data is λ/K + 1 - λ (the paper's figure, e.g. 0.5 for K=4, λ=2/3); the plan also
-reports the same ratio for the token counts actually consumed after rounding, (n1 + n2) / (K·n1 + n2).
+A stage-1 sequence of K·T tokens is T model positions (patches), so the compute relative to token-level training on
+the same data is λ/K + 1 - λ (the paper's figure, e.g. 0.5 for K=4, λ=2/3); the plan also reports the same ratio for
+the token counts actually consumed after rounding, (n1/K + n2) / (n1 + n2) with n1, n2 the tokens of each stage.
 "Tokens" are sequence slots: without `--packing`, documents shorter than the sequence length consume fewer.
 
 λ is kept as an exact fraction (``--lam 2/3`` or ``0.6667``), so λ·N has no float rounding.
@@ -24,6 +31,7 @@ from typing import Union
 
 DEFAULT_PATCH_SIZE = 4
 DEFAULT_LAM = Fraction(2, 3)
+STAGE1_BATCH = ('tokens', 'sequences')  # the first is the default
 _SUFFIX = {'': 1, 'K': 10**3, 'M': 10**6, 'B': 10**9, 'G': 10**9, 'T': 10**12}
 
 
@@ -64,6 +72,7 @@ class StagePlan:
     name: str  # 'patch' or 'token'
     patch_size: int
     seq_length: int  # tokens per sequence (--max_length of the stage)
+    global_batch_size: int  # sequences per optimizer step (--global_batch_size of the stage)
     budget_tokens: int  # this stage's share of N
     tokens_per_step: int
     train_iters: int
@@ -76,7 +85,8 @@ class TwoStagePlan:
     patch_size: int  # K
     lam: Fraction  # λ
     seq_length: int  # T
-    global_batch_size: int  # G
+    global_batch_size: int  # G (the token-level stage)
+    stage1_batch: str  # 'tokens': stage 1 takes G/K sequences per step; 'sequences': G
     stage1: StagePlan
     stage2: StagePlan
 
@@ -87,9 +97,10 @@ class TwoStagePlan:
 
     @property
     def actual_compute_ratio(self) -> Fraction:
-        """The same for the tokens actually consumed: steps run / token-level steps for the same tokens."""
-        n1, n2 = self.stage1.train_iters, self.stage2.train_iters
-        return Fraction(n1 + n2, self.patch_size * n1 + n2)
+        """The same for the tokens actually consumed: model positions run / tokens (= positions of token-level
+        training on the same tokens)."""
+        n1, n2 = self.stage1.tokens, self.stage2.tokens
+        return Fraction(n1, self.patch_size) / (n1 + n2) + Fraction(n2, n1 + n2)
 
     @property
     def consumed_tokens(self) -> int:
@@ -104,11 +115,13 @@ class TwoStagePlan:
         s1, s2 = self.stage1, self.stage2
         lines = [
             f'Two-stage PLT plan: N={self.tokens:,} tokens, K={self.patch_size}, λ={self.lam} '
-            f'({float(self.lam):.4f}), T={self.seq_length}, global_batch_size={self.global_batch_size}',
+            f'({float(self.lam):.4f}), T={self.seq_length}, global_batch_size={self.global_batch_size}, '
+            f'stage1_batch={self.stage1_batch}',
         ]
         for i, s in ((1, s1), (2, s2)):
-            lines.append(f'  stage {i} ({s.name} level, patch_size={s.patch_size}, max_length={s.seq_length}): '
-                         f'budget {s.budget_tokens:,} tokens / {s.tokens_per_step:,} per step -> train_iters '
+            lines.append(f'  stage {i} ({s.name} level, patch_size={s.patch_size}, max_length={s.seq_length}, '
+                         f'global_batch_size={s.global_batch_size}): budget {s.budget_tokens:,} tokens / '
+                         f'{s.tokens_per_step:,} per step -> train_iters '
                          f'{s.train_iters:,} (rounded down), {s.tokens:,} tokens consumed')
         lines.append(f'  total: {self.consumed_tokens:,} of {self.tokens:,} tokens consumed '
                      f'({self.tokens - self.consumed_tokens:,} left by rounding)')
@@ -124,10 +137,26 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def min_tokens(patch_size: int, lam: Fraction, seq_length: int, global_batch_size: int) -> int:
+def stage1_global_batch_size(global_batch_size: int, patch_size: int, stage1_batch: str = STAGE1_BATCH[0]) -> int:
+    """Sequences (of K·T tokens) per stage-1 step; ValueError (what to do) when G/K is not whole."""
+    if stage1_batch not in STAGE1_BATCH:
+        raise ValueError(f'--stage1_batch {stage1_batch!r}: use one of {", ".join(STAGE1_BATCH)}.')
+    if stage1_batch == 'sequences':
+        return global_batch_size
+    if global_batch_size % patch_size:
+        raise ValueError(f'--global_batch_size {global_batch_size} is not a multiple of --patch_size {patch_size}: '
+                         f'stage 1 takes G/K sequences of K·T tokens per step (the same tokens per step as stage 2, '
+                         f'as in the paper). Use a multiple of {patch_size} (e.g. '
+                         f'{max(patch_size, global_batch_size // patch_size * patch_size)}), or --stage1_batch '
+                         'sequences (G sequences per stage-1 step: K times the tokens per step, 1/K the steps).')
+    return global_batch_size // patch_size
+
+
+def min_tokens(patch_size: int, lam: Fraction, seq_length: int, global_batch_size: int,
+               stage1_batch: str = STAGE1_BATCH[0]) -> int:
     """Smallest N for which both stages get at least one step. Both shares, floor(λ·N) and N - floor(λ·N) =
     ceil((1-λ)·N), grow with N, so the condition is monotone: binary search."""
-    step1 = global_batch_size * patch_size * seq_length
+    step1 = stage1_global_batch_size(global_batch_size, patch_size, stage1_batch) * patch_size * seq_length
     step2 = global_batch_size * seq_length
 
     def enough(n):
@@ -142,7 +171,7 @@ def min_tokens(patch_size: int, lam: Fraction, seq_length: int, global_batch_siz
 
 
 def make_plan(tokens, patch_size: int = DEFAULT_PATCH_SIZE, lam=DEFAULT_LAM, *, seq_length: int,
-              global_batch_size: int) -> TwoStagePlan:
+              global_batch_size: int, stage1_batch: str = STAGE1_BATCH[0]) -> TwoStagePlan:
     """The two-stage plan; ValueError (what is wrong, what to do) for bad input or a budget below one step."""
     n = parse_tokens(tokens)
     lam = parse_lam(lam)
@@ -152,19 +181,20 @@ def make_plan(tokens, patch_size: int = DEFAULT_PATCH_SIZE, lam=DEFAULT_LAM, *, 
                          'stage; for ordinary training use `megatron pt`).')
     _positive_int('max_length', seq_length)
     _positive_int('global_batch_size', global_batch_size)
+    g1 = stage1_global_batch_size(global_batch_size, patch_size, stage1_batch)
     budget1 = math.floor(lam * n)  # exact: lam is a Fraction
     budget2 = n - budget1
     stages = []
-    for name, k, budget in (('patch', patch_size, budget1), ('token', 1, budget2)):
-        per_step = global_batch_size * k * seq_length
+    for name, k, g, budget in (('patch', patch_size, g1, budget1), ('token', 1, global_batch_size, budget2)):
+        per_step = g * k * seq_length
         iters = budget // per_step
-        stages.append(StagePlan(name, k, k * seq_length, budget, per_step, iters, iters * per_step))
+        stages.append(StagePlan(name, k, k * seq_length, g, budget, per_step, iters, iters * per_step))
     short = [s for s in stages if s.train_iters < 1]
     if short:
         what = '; '.join(f'stage {stages.index(s) + 1} ({s.name} level) gets {s.budget_tokens:,} tokens but one step '
-                         f'needs {s.tokens_per_step:,} (global_batch_size {global_batch_size} x max_length '
+                         f'needs {s.tokens_per_step:,} (global_batch_size {s.global_batch_size} x max_length '
                          f'{s.seq_length})' for s in short)
         raise ValueError(f'--tokens {n:,} is too small for one training step: {what}. Use --tokens >= '
-                         f'{min_tokens(patch_size, lam, seq_length, global_batch_size):,}, or a smaller '
-                         '--global_batch_size / --max_length.')
-    return TwoStagePlan(n, patch_size, lam, seq_length, global_batch_size, *stages)
+                         f'{min_tokens(patch_size, lam, seq_length, global_batch_size, stage1_batch):,}, or a '
+                         'smaller --global_batch_size / --max_length.')
+    return TwoStagePlan(n, patch_size, lam, seq_length, global_batch_size, stage1_batch, *stages)

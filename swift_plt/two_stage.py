@@ -33,6 +33,7 @@ The plan is written to OUTPUT_DIR/plan.json; a rerun with a different plan is re
 """
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -43,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import PLT_MODEL_TYPE
 from .data_report import REPORT_FILE, estimate_loss_tokens, read_reports
-from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, TwoStagePlan, make_plan
+from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, STAGE1_BATCH, TwoStagePlan, make_plan
 from .vanilla import (PROVENANCE, REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
                       list_checkpoints, run_logged)
 
@@ -68,6 +69,7 @@ class Options:
     global_batch_size: int
     patch_size: int = DEFAULT_PATCH_SIZE
     lam: str = str(DEFAULT_LAM)
+    stage1_batch: str = STAGE1_BATCH[0]
     args: List[str] = field(default_factory=list)  # both stages
     stage1_args: List[str] = field(default_factory=list)
     stage2_args: List[str] = field(default_factory=list)
@@ -87,6 +89,36 @@ def check_passthrough(argv: Sequence[str], where: str) -> None:
     if bad:
         raise RecipeError(f'{where}: {", ".join("--" + b for b in bad)} is set by the two-stage recipe for each stage '
                           '(from --tokens/--max_length/--global_batch_size/--patch_size/--lam/--output_dir); drop it.')
+
+
+def _flag_value(argv: Sequence[str], name: str) -> Optional[str]:
+    """The last value of ``--name V`` / ``--name=V`` in argv (argparse: the last one wins), else None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a.startswith(f'--{name}='):
+            value = a.split('=', 1)[1]
+        elif a == f'--{name}' and i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def check_micro_batch(opts: 'Options', plan: TwoStagePlan) -> None:
+    """Each stage's --micro_batch_size must divide its global batch (before anything runs; megatron would refuse
+    it only when the stage starts). Data parallelism is not known here: megatron checks the rest."""
+    for i, s, argv in ((1, plan.stage1, opts.stage1_args), (2, plan.stage2, opts.stage2_args)):
+        value = _flag_value(list(opts.args) + list(argv), 'micro_batch_size')
+        if value is None:
+            continue
+        try:
+            mbs = int(value)
+        except ValueError:
+            raise RecipeError(f'--micro_batch_size {value!r} must be an integer.') from None
+        if mbs < 1 or s.global_batch_size % mbs:
+            hint = (f' Stage 1 takes G/K = {s.global_batch_size} sequences (of {s.seq_length} tokens) per step '
+                    f'(--stage1_batch {plan.stage1_batch}); give stage 1 its own with --stage1_args '
+                    f'"--micro_batch_size {math.gcd(s.global_batch_size, max(mbs, 1))}".' if i == 1 else '')
+            raise RecipeError(f'stage {i}: --micro_batch_size {mbs} does not divide its --global_batch_size '
+                              f'{s.global_batch_size}.{hint}')
 
 
 def _as_argv(value) -> List[str]:
@@ -115,7 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--output_dir', help='run dir: stage1_patch/, stage2_token/, hf/, logs/, plan.json')
     p.add_argument('--tokens', help='token budget N: 2000000000, 2e9 or 2B (K/M/B/T = powers of 1000)')
     p.add_argument('--max_length', type=int, help='T: token-level sequence length (the patch stage uses K*T)')
-    p.add_argument('--global_batch_size', type=int, help='sequences per optimizer step, both stages')
+    p.add_argument('--global_batch_size', type=int,
+                   help='G: sequences per optimizer step of the token-level stage (stage 1: see --stage1_batch)')
+    p.add_argument('--stage1_batch', choices=list(STAGE1_BATCH),
+                   help='tokens (default, as in the paper): stage 1 takes G/K sequences of K*T tokens per step, the '
+                   'same tokens per step as stage 2; sequences: G sequences per step (K times the tokens per step, '
+                   '1/K the steps)')
     p.add_argument('--patch_size', type=int, help=f'K (default {DEFAULT_PATCH_SIZE})')
     p.add_argument('--lam', help=f'λ, the patch-level fraction of N, in (0, 1) (default {DEFAULT_LAM})')
     p.add_argument('--stage1_args', help='extra `megatron pt` flags for stage 1 only (one quoted string)')
@@ -167,6 +204,7 @@ def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
         raise RecipeError(f"--stage {values['stage']!r}: use all, 1, 2 or export.")
     values['tokens'] = str(values['tokens'])
     values['lam'] = str(values.get('lam', DEFAULT_LAM))
+    values['stage1_batch'] = str(values.get('stage1_batch', STAGE1_BATCH[0]))
     values['dry_run'] = bool(values.get('dry_run', False))
     return Options(**values)
 
@@ -217,7 +255,7 @@ def _stage_cmd(opts: Options, plan: TwoStagePlan, stage: int, state: StageState,
     return [
         cli_executable('megatron'), 'pt', '--model', opts.model, '--model_type', PLT_MODEL_TYPE,
         '--custom_register_path', REGISTER_FILE, '--patch_size', str(s.patch_size), '--max_length',
-        str(s.seq_length), '--global_batch_size', str(plan.global_batch_size), '--train_iters', str(s.train_iters),
+        str(s.seq_length), '--global_batch_size', str(s.global_batch_size), '--train_iters', str(s.train_iters),
         '--output_dir', state.run_dir, '--add_version', 'false', '--save_safetensors', 'false', *init, *opts.args,
         *extra
     ]
@@ -284,7 +322,7 @@ def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
         if old != current:
             diff = {k: (old.get(k), current[k]) for k in current if old.get(k) != current[k]}
             raise RecipeError(f'{out} holds a run with another plan (old, new): {diff}. Rerun with the same '
-                              '--tokens/--patch_size/--lam/--max_length/--global_batch_size to resume it, or use a '
+                              '--tokens/--patch_size/--lam/--max_length/--global_batch_size/--stage1_batch to resume it, or use a '
                               'new --output_dir.')
     elif write:
         os.makedirs(out, exist_ok=True)
@@ -295,13 +333,7 @@ def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
 # ---------------------------------------------------------------------------------------------- PLT data report
 def _packing(argv: Sequence[str]) -> bool:
     """Whether `--packing true` is among the pass-through flags (the last value wins, as in ms-swift)."""
-    value = None
-    for i, a in enumerate(argv):
-        if a.startswith('--packing='):
-            value = a.split('=', 1)[1]
-        elif a == '--packing' and i + 1 < len(argv):
-            value = argv[i + 1]
-    return str(value).lower() in ('true', '1', 'yes')
+    return str(_flag_value(argv, 'packing')).lower() in ('true', '1', 'yes')
 
 
 def loss_token_lines(report: dict, plan: TwoStagePlan, opts: Options) -> List[str]:
@@ -313,7 +345,7 @@ def loss_token_lines(report: dict, plan: TwoStagePlan, opts: Options) -> List[st
              f'({"n/a" if frac is None else f"{frac:.1%}"}), {report["documents_without_loss"]:,} documents none']
     for i, s, argv in ((1, plan.stage1, opts.stage1_args), (2, plan.stage2, opts.stage2_args)):
         packing = _packing(list(opts.args) + list(argv))
-        sequences = s.train_iters * plan.global_batch_size
+        sequences = s.train_iters * s.global_batch_size
         n = estimate_loss_tokens(report, s.patch_size, sequences, s.seq_length, packing)
         how = (f'{sequences:,} packed rows x {s.seq_length} x loss tokens per encoded token, at most' if packing else
                f'{sequences:,} documents x mean loss tokens per document')
@@ -349,9 +381,10 @@ def run(opts: Options) -> int:
         raise RecipeError(f'--model {opts.model}: not a directory (pass a local HF Llama dir).')
     try:
         plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=opts.max_length,
-                         global_batch_size=opts.global_batch_size)
+                         global_batch_size=opts.global_batch_size, stage1_batch=opts.stage1_batch)
     except ValueError as e:
         raise RecipeError(str(e)) from None
+    check_micro_batch(opts, plan)
     out = os.path.abspath(opts.output_dir)
     print(plan.summary(), flush=True)
     check_plan_file(out, plan, write=False)
@@ -467,7 +500,7 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
         done = s.train_iters if os.path.exists(os.path.join(out, STAGE_DIRS[stage], f'checkpoint-{s.train_iters}',
                                                             'latest_checkpointed_iteration.txt')) else None
         steps = done or (_iteration(logs[-1]) if logs else 0)
-        tokens = steps * plan.global_batch_size * s.seq_length
+        tokens = steps * s.global_batch_size * s.seq_length
         wall, invocations = None, []
         wall_path = os.path.join(out, 'logs', f'stage{stage}.time.jsonl')
         if os.path.exists(wall_path):
@@ -476,10 +509,11 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
             wall = sum(r['seconds'] for r in invocations)
         timed = train_loop_seconds(logs, invocations) if logs else None
         # rate of the logged steps; the time of all steps at that rate (the unlogged tail is < --logging_steps)
-        tps = timed[1] * plan.global_batch_size * s.seq_length / timed[0] if timed and timed[0] > 0 else None
+        tps = timed[1] * s.global_batch_size * s.seq_length / timed[0] if timed and timed[0] > 0 else None
         secs = tokens / tps if tps else None
         rows.append({
             'stage': stage, 'kind': s.name, 'patch_size': s.patch_size, 'seq_length': s.seq_length,
+            'global_batch_size': s.global_batch_size,
             'planned_steps': s.train_iters, 'steps': steps, 'tokens': tokens, 'train_seconds': secs,
             'wall_seconds': wall, 'tokens_per_s': tps,
             'patches_per_s': tps / s.patch_size if tps and s.patch_size > 1 else None,
@@ -516,9 +550,9 @@ def plot_report(rows: List[dict], plan: TwoStagePlan, path: str) -> Optional[str
     except ImportError:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    g = plan.global_batch_size
     offsets = [0, 0]
     for i, r in enumerate(rows):
+        g = r['global_batch_size']
         tok = [it * g * r['seq_length'] + offsets[0] for it, _ in r['curve']]
         pos = [it * g * r['seq_length'] // r['patch_size'] + offsets[1] for it, _ in r['curve']]
         loss = [v for _, v in r['curve']]

@@ -21,9 +21,11 @@ CPU_EXPORT_ARGS = ('--torch_dtype float32 --fp16 false --bf16 false --ddp_backen
 
 
 def recipe_argv(model, data, out, *extra):
-    # N=3840, λ=0.8, T=64, G=4: stage 1 3072 tokens / (4*4*64) = 3 steps, stage 2 768 / (4*64) = 3 steps
+    # N=3840, λ=0.8, T=64, G=4: stage 1 3072 tokens / (4*4*64) = 3 steps, stage 2 768 / (4*64) = 3 steps.
+    # --stage1_batch sequences keeps stage 1 at 3 steps of 4 sequences (the default, G/K = 1 sequence per step,
+    # would be 12 steps; its plan and commands are tested in test_two_stage_plan.py)
     return ['swift-plt-two-stage', '--model', model, '--output_dir', out, '--tokens', '3840', '--lam', '0.8',
-            '--max_length', '64', '--global_batch_size', '4', '--dataset', data, '--template', 'llama',
+            '--max_length', '64', '--global_batch_size', '4', '--stage1_batch', 'sequences', '--dataset', data, '--template', 'llama',
             '--micro_batch_size', '2', '--lr', '1e-3', '--lr_warmup_iters', '0', '--logging_steps', '1', '--seed', '7',
             '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false', '--dataset_num_proc', '1',
             '--dataloader_num_workers', '0', *CPU_MEGATRON_ARGS, '--export_args', CPU_EXPORT_ARGS, *extra]

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import re
 from fractions import Fraction
 
 import pytest
@@ -23,32 +24,62 @@ def brute_force_iters(budget, per_step):
     return n
 
 
-def test_plan_matches_brute_force_on_random_inputs():
+@pytest.mark.parametrize('stage1_batch', ['tokens', 'sequences'])
+def test_plan_matches_brute_force_on_random_inputs(stage1_batch):
     rng = random.Random(0)
     for _ in range(300):
-        k, t, g = rng.randint(2, 8), rng.choice([8, 16, 32, 100]), rng.randint(1, 16)
+        k, t = rng.randint(2, 8), rng.choice([8, 16, 32, 100])
+        g = rng.randint(1, 4) * k if stage1_batch == 'tokens' else rng.randint(1, 16)
+        g1 = g // k if stage1_batch == 'tokens' else g  # stage-1 sequences (of k*t tokens) per step
         q = rng.randint(2, 12)
         lam = Fraction(rng.randint(1, q - 1), q)
-        n = rng.randint(min_tokens(k, lam, t, g), 40 * g * k * t)
-        plan = make_plan(n, k, lam, seq_length=t, global_batch_size=g)
+        n = rng.randint(min_tokens(k, lam, t, g, stage1_batch), 40 * g * k * t)
+        plan = make_plan(n, k, lam, seq_length=t, global_batch_size=g, stage1_batch=stage1_batch)
         # stage 1's share: the largest integer <= λ·N, found by counting (λ exact: p/q)
         share1 = max(x for x in range(n + 1) if x * lam.denominator <= lam.numerator * n)
         assert (plan.stage1.budget_tokens, plan.stage2.budget_tokens) == (share1, n - share1)
-        assert plan.stage1.train_iters == brute_force_iters(share1, g * k * t)
+        assert (plan.stage1.global_batch_size, plan.stage2.global_batch_size) == (g1, g)
+        assert plan.stage1.train_iters == brute_force_iters(share1, g1 * k * t)
         assert plan.stage2.train_iters == brute_force_iters(n - share1, g * t)
         assert plan.stage1.seq_length == k * t and plan.stage2.seq_length == t
-        assert plan.stage1.tokens == plan.stage1.train_iters * g * k * t <= share1
+        assert plan.stage1.tokens == plan.stage1.train_iters * g1 * k * t <= share1
         assert plan.stage2.tokens == plan.stage2.train_iters * g * t <= n - share1
         assert plan.consumed_tokens <= n
         assert plan.nominal_compute_ratio == lam / k + 1 - lam
-        # steps actually run / steps of token-level training on the tokens consumed
-        steps_token_level = Fraction(plan.consumed_tokens, g * t)
-        assert plan.actual_compute_ratio == (plan.stage1.train_iters + plan.stage2.train_iters) / steps_token_level
+        # model positions run (a stage-1 sequence of k*t tokens is t positions) / positions of token-level
+        # training on the tokens consumed (one per token), counted step by step
+        positions = plan.stage1.train_iters * g1 * t + plan.stage2.train_iters * g * t
+        assert plan.actual_compute_ratio == Fraction(positions, plan.consumed_tokens)
+
+
+def test_stage1_batch_keeps_tokens_per_step_by_default():
+    """The paper's set-up (PatchTrain run_patch.sh / run_token.sh): the same tokens per optimizer step in both
+    stages, so stage 1 gets K times the steps of --stage1_batch sequences."""
+    by_tokens = make_plan('2B', 4, '2/3', seq_length=2048, global_batch_size=256)
+    by_sequences = make_plan('2B', 4, '2/3', seq_length=2048, global_batch_size=256, stage1_batch='sequences')
+    assert by_tokens.stage1_batch == 'tokens'
+    assert by_tokens.stage1.global_batch_size == 64 and by_sequences.stage1.global_batch_size == 256
+    assert by_tokens.stage1.tokens_per_step == by_tokens.stage2.tokens_per_step == 256 * 2048
+    assert by_tokens.stage1.train_iters == 1_333_333_333 // (256 * 2048) == 2543
+    assert by_sequences.stage1.train_iters == 635
+    assert by_tokens.stage2 == by_sequences.stage2
+    assert 'global_batch_size=64' in by_tokens.summary() and 'stage1_batch=tokens' in by_tokens.summary()
+
+
+@pytest.mark.parametrize('g, k', [(2, 4), (6, 4), (9, 2)])
+def test_stage1_batch_tokens_needs_g_multiple_of_k(g, k):
+    with pytest.raises(ValueError, match=f'--global_batch_size {g} is not a multiple of --patch_size {k}.*'
+                       '--stage1_batch sequences'):
+        make_plan('1M', k, '2/3', seq_length=16, global_batch_size=g)
+    assert make_plan('1M', k, '2/3', seq_length=16, global_batch_size=g, stage1_batch='sequences').stage1.\
+        global_batch_size == g
+    with pytest.raises(ValueError, match="--stage1_batch 'rows': use one of tokens, sequences"):
+        make_plan('1M', k, '2/3', seq_length=16, global_batch_size=g, stage1_batch='rows')
 
 
 def test_plan_by_hand():
-    # README example: N=2B, K=4, λ=2/3, T=2048, G=256
-    plan = make_plan('2B', 4, '2/3', seq_length=2048, global_batch_size=256)
+    # README example: N=2B, K=4, λ=2/3, T=2048, G=256 (stage 1 at G sequences per step)
+    plan = make_plan('2B', 4, '2/3', seq_length=2048, global_batch_size=256, stage1_batch='sequences')
     assert plan.stage1.budget_tokens == 1_333_333_333  # floor(2e9 * 2/3)
     assert plan.stage1.tokens_per_step == 256 * 4 * 2048 == 2_097_152
     assert plan.stage1.train_iters == 635  # 1333333333 / 2097152 = 635.78
@@ -61,36 +92,43 @@ def test_plan_by_hand():
     assert 'train_iters 635 (rounded down)' in text and 'train_iters 1,271 (rounded down)' in text
     assert 'λ/K + 1 - λ = 0.5000 (FLOP saving 50.0%)' in text
     # exact fits: nothing left by rounding
-    plan = make_plan(3 * 4096, 4, '2/3', seq_length=256, global_batch_size=2)  # 8192 / 2048, 4096 / 512
+    plan = make_plan(3 * 4096, 4, '2/3', seq_length=256, global_batch_size=2,
+                     stage1_batch='sequences')  # 8192 / 2048, 4096 / 512
     assert (plan.stage1.train_iters, plan.stage2.train_iters, plan.consumed_tokens) == (4, 8, 3 * 4096)
     assert plan.actual_compute_ratio == Fraction(12, 24)
+    plan = make_plan(3 * 4096, 4, '2/3', seq_length=256, global_batch_size=4)  # 8192 / 1024, 4096 / 1024
+    assert (plan.stage1.train_iters, plan.stage2.train_iters, plan.consumed_tokens) == (8, 4, 3 * 4096)
+    assert plan.actual_compute_ratio == Fraction(8 * 256 + 4 * 1024, 3 * 4096) == Fraction(1, 2)
 
 
 def test_lambda_is_exact_not_float():
     # float(0.29) * 100 = 28.999999999999996 -> a float floor would give stage 1 one token less
     assert math.floor(0.29 * 100) == 28
-    plan = make_plan(100, 2, '0.29', seq_length=1, global_batch_size=1)
+    plan = make_plan(100, 2, '0.29', seq_length=1, global_batch_size=1, stage1_batch='sequences')
     assert plan.stage1.budget_tokens == 29 and plan.stage1.train_iters == 14  # 29 // 2
     assert parse_lam('2/3') == Fraction(2, 3) and parse_lam(0.5) == Fraction(1, 2)
 
 
 @pytest.mark.parametrize('k, lam, t, g', list(itertools.product([2, 4], ['1/2', '2/3', '0.9', '1/7'], [1, 3, 16],
                                                                  [1, 5])))
-def test_min_tokens_is_the_smallest_budget_with_one_step_per_stage(k, lam, t, g):
-    n = min_tokens(k, parse_lam(lam), t, g)
-    plan = make_plan(n, k, lam, seq_length=t, global_batch_size=g)
+@pytest.mark.parametrize('stage1_batch', ['tokens', 'sequences'])
+def test_min_tokens_is_the_smallest_budget_with_one_step_per_stage(k, lam, t, g, stage1_batch):
+    g = g * k if stage1_batch == 'tokens' else g
+    n = min_tokens(k, parse_lam(lam), t, g, stage1_batch)
+    plan = make_plan(n, k, lam, seq_length=t, global_batch_size=g, stage1_batch=stage1_batch)
     assert plan.stage1.train_iters >= 1 and plan.stage2.train_iters >= 1
     with pytest.raises(ValueError, match='too small for one training step'):
-        make_plan(n - 1, k, lam, seq_length=t, global_batch_size=g)
+        make_plan(n - 1, k, lam, seq_length=t, global_batch_size=g, stage1_batch=stage1_batch)
 
 
 def test_too_small_budget_message_names_the_stage_and_the_minimum():
     with pytest.raises(ValueError) as e:
-        make_plan(1000, 4, '2/3', seq_length=64, global_batch_size=4)  # stage 1 needs 1024 tokens per step
+        make_plan(1000, 4, '2/3', seq_length=64, global_batch_size=4,
+                  stage1_batch='sequences')  # stage 1 needs 1024 tokens per step
     msg = str(e.value)
     assert 'stage 1 (patch level) gets 666 tokens but one step needs 1,024' in msg
     assert 'stage 2 (token level) gets 334 tokens but one step needs 256' not in msg  # stage 2 has a step
-    assert f'--tokens >= {min_tokens(4, Fraction(2, 3), 64, 4):,}' in msg
+    assert f'--tokens >= {min_tokens(4, Fraction(2, 3), 64, 4, "sequences"):,}' in msg
 
 
 @pytest.mark.parametrize('lam', ['0', '1', '-0.1', '1.5', '3/2', 0, 1.0])
@@ -139,15 +177,18 @@ def model_dir(tmp_path):
     return str(d)
 
 
-def base_argv(model_dir, out, *extra):
+def base_argv(model_dir, out, *extra, stage1_batch='sequences'):
+    """N=3840, λ=0.8, T=64, G=4, K=4: stage 1 gets 3072 tokens, 3 steps of 4 x 256 tokens ('sequences') or 12 of
+    1 x 256 ('tokens', the default); stage 2 gets 768 tokens, 3 steps of 4 x 64."""
     return ['--model', model_dir, '--output_dir', str(out), '--tokens', '3840', '--lam', '0.8', '--max_length', '64',
-            '--global_batch_size', '4', '--dataset', 'd.jsonl', '--lr', '1e-3', *extra]
+            '--global_batch_size', '4', '--dataset', 'd.jsonl', '--lr', '1e-3',
+            *(['--stage1_batch', stage1_batch] if stage1_batch else []), *extra]
 
 
 def steps_of(argv):
     opts = two_stage.parse_options(argv)
     plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=opts.max_length,
-                     global_batch_size=opts.global_batch_size)
+                     global_batch_size=opts.global_batch_size, stage1_batch=opts.stage1_batch)
     return {s.name: s for s in two_stage.plan_steps(opts, plan)}
 
 
@@ -175,6 +216,42 @@ def test_dry_run_prints_plan_and_commands(model_dir, tmp_path, capsys):
         assert flag(cmd, '--dataset') == 'd.jsonl'
     assert s1[-2:] == ['--lr', '2e-3'] and s2.count('--lr') == 1  # stage-only flags last (they win)
     assert steps['export'].cmd is None
+    assert flag(s1, '--global_batch_size') == flag(s2, '--global_batch_size') == '4'
+
+
+def test_default_stage1_batch_keeps_tokens_per_step(model_dir, tmp_path, capsys):
+    """Without --stage1_batch: stage 1 runs G/K = 1 sequence of 256 tokens per step (256 tokens, as stage 2's
+    4 x 64), so 12 steps instead of 3."""
+    steps = steps_of(base_argv(model_dir, tmp_path / 'out', stage1_batch=None))
+    s1, s2 = steps['stage1'].cmd, steps['stage2'].cmd
+    assert (flag(s1, '--global_batch_size'), flag(s1, '--max_length'), flag(s1, '--train_iters')) == ('1', '256', '12')
+    assert (flag(s2, '--global_batch_size'), flag(s2, '--max_length'), flag(s2, '--train_iters')) == ('4', '64', '3')
+    assert flag(s2, '--mcore_model') == str(tmp_path / 'out' / 'stage1_patch' / 'checkpoint-12')
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--micro_batch_size', '2'], 'stage 1: --micro_batch_size 2 does not divide its --global_batch_size 1.*'
+     '--stage1_args "--micro_batch_size 1"'),
+    (['--stage2_args', '--micro_batch_size 3'], 'stage 2: --micro_batch_size 3 does not divide its '
+     '--global_batch_size 4'),
+    (['--micro_batch_size=x'], "--micro_batch_size 'x' must be an integer"),
+    (['--global_batch_size', '6'], '--global_batch_size 6 is not a multiple of --patch_size 4'),
+])
+def test_stage_batch_errors_before_anything_runs(model_dir, tmp_path, capsys, extra, message):
+    rc = two_stage.main(base_argv(model_dir, tmp_path / 'out', *extra, stage1_batch=None))
+    assert rc == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / 'out')
+
+
+def test_stage1_micro_batch_from_stage1_args_wins(model_dir, tmp_path):
+    argv = base_argv(model_dir, tmp_path / 'out', '--micro_batch_size', '2', '--stage1_args', '--micro_batch_size 1',
+                     stage1_batch=None)
+    opts = two_stage.parse_options(argv)
+    plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=64, global_batch_size=4)
+    two_stage.check_micro_batch(opts, plan)  # no error: stage 1 gets 1, stage 2 gets 2
+    s1 = steps_of(argv)['stage1'].cmd
+    assert s1[len(s1) - 1 - s1[::-1].index('--micro_batch_size') + 1] == '1'  # the last one (it wins)
 
 
 @pytest.mark.parametrize('extra, message', [

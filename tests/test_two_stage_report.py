@@ -41,7 +41,7 @@ def test_train_loop_seconds_single_and_resumed():
 
 def test_stage_report_tokens_and_rates(tmp_path):
     # N=3840, K=4, λ=0.8, T=64, G=4: stage 1 3 steps of 4x256 tokens, stage 2 3 steps of 4x64
-    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4)
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4, stage1_batch='sequences')
     out = str(tmp_path)
     _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))
     _write_logs(os.path.join(out, 'stage2_token'), _entries(3, 3, 0.25))
@@ -57,10 +57,20 @@ def test_stage_report_tokens_and_rates(tmp_path):
     assert (r1['first_loss'], r1['last_loss']) == (4.99, 4.97)
 
 
+def test_stage_report_counts_stage1_tokens_with_its_own_batch(tmp_path):
+    # the default stage1_batch='tokens': stage 1 runs G/K = 1 sequence of 256 tokens per step (12 steps)
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4)
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(12, 12, 0.5))
+    r1, _ = stage_report(out, plan)
+    assert (r1['steps'], r1['global_batch_size'], r1['tokens']) == (12, 1, 12 * 1 * 256)
+    assert r1['tokens_per_s'] == pytest.approx(256 / 0.5)
+
+
 def test_unlogged_last_step_of_a_complete_stage(tmp_path):
     # 7 steps logged every 2 (the last logged is 6) at 0.5 s/it; the final checkpoint says the stage is complete
     plan = make_plan(7 * 1024 + 3 * 256, 4, Fraction(7 * 1024, 7 * 1024 + 3 * 256), seq_length=64,
-                     global_batch_size=4)
+                     global_batch_size=4, stage1_batch='sequences')
     assert plan.stage1.train_iters == 7
     out = str(tmp_path)
     _write_logs(os.path.join(out, 'stage1_patch'), _entries(7, 7, 0.5, step=2))
@@ -75,7 +85,7 @@ def test_unlogged_last_step_of_a_complete_stage(tmp_path):
 
 
 def test_write_report_files(tmp_path, capsys):
-    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4)
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4, stage1_batch='sequences')
     out = str(tmp_path)
     _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))
     write_report(out, plan)  # stage 2 not run yet (e.g. --stage 1)

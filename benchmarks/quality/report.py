@@ -35,6 +35,7 @@ def main():
     meta = json.load(open(os.path.join(out, 'meta.json')))
     evals = {e['name']: e for e in read_jsonl(os.path.join(out, 'eval.jsonl'))}
     T, G, K = meta['T'], meta['G'], meta['K']
+    G1 = meta.get('G1', G)  # stage-1 sequences per step (run.py --stage1_batch; older runs: G)
     rows, curves = [], {}
     for size in meta['sizes']:
         m = meta['models'][size]
@@ -44,6 +45,7 @@ def main():
             stages, x0, g0, toks, gpu, steps = [], 0.0, 0.0, 0, 0.0, []
             for kind, d in stage_dirs(work, size, run):
                 L = T * (K if kind == 'patch' else 1)
+                Gs = G1 if kind == 'patch' else G
                 logs = [x for x in read_jsonl(os.path.join(d, 'logging.jsonl')) if 'loss' in x]
                 timing = json.load(open(os.path.join(d, 'gpu_time.json'))) if os.path.exists(
                     os.path.join(d, 'gpu_time.json')) else {}
@@ -54,7 +56,7 @@ def main():
                     it = int(str(x['iteration']).split('/')[0])
                     n_it = int(str(x['iteration']).split('/')[1])
                     gs = g0 + (cum[it - 1] if it - 1 < len(cum) else float('nan'))
-                    pts.append((x0 + F * it * G * T / a_flops, gs, x['loss']))
+                    pts.append((x0 + F * it * Gs * T / a_flops, gs, x['loss']))
                 n = int(str(logs[-1]['iteration']).split('/')[1]) if logs else 0
                 # the last step is logged only at a multiple of --logging_steps; gpu_lock counts every step
                 done = bool(logs) and (int(str(logs[-1]['iteration']).split('/')[0]) == n or
@@ -62,16 +64,17 @@ def main():
                 if not done:  # steps reached (logged)
                     n = int(str(logs[-1]['iteration']).split('/')[0]) if logs else 0
                 stages.append({'kind': kind, 'dir': d, 'iterations': n, 'complete': done, 'seq_length': L,
-                               'tokens': n * G * L, 'positions': n * G * T, 'train_seconds': sum(steps_s) or None,
+                               'tokens': n * Gs * L, 'positions': n * Gs * T, 'global_batch_size': Gs,
+                               'train_seconds': sum(steps_s) or None,
                                'lock_held_seconds': timing.get('train_seconds'),
                                'save_seconds': timing.get('save_seconds'),
                                'lock_wait_seconds': timing.get('lock_wait_seconds'),
-                               'tokens_per_s': n * G * L / sum(steps_s) if steps_s else None,
-                               'positions_per_s': n * G * T / sum(steps_s) if steps_s else None,
+                               'tokens_per_s': n * Gs * L / sum(steps_s) if steps_s else None,
+                               'positions_per_s': n * Gs * T / sum(steps_s) if steps_s else None,
                                'final_train_loss': logs[-1]['loss'] if logs else None, 'points': pts})
-                x0 += F * n * G * T / a_flops
+                x0 += F * n * Gs * T / a_flops
                 g0 += sum(steps_s)
-                toks += n * G * L
+                toks += n * Gs * L
                 gpu += sum(steps_s)
             if not all(st['complete'] and st['train_seconds'] for st in stages):
                 gpu = None  # a stage did not finish (or has no timing): no total

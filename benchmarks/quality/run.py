@@ -20,6 +20,7 @@ alone on the GPU (`train_seconds`, summed over stages). Start-up, export and eva
 """
 import argparse
 import json
+import math
 import os
 import shlex
 import signal
@@ -88,7 +89,7 @@ class Runner:
 
 def megatron_common(a, size):
     lr = a.lr or LR[size]
-    args = ['--template', 'llama', '--packing', 'true', '--micro_batch_size', str(a.mbs), '--lr', str(lr),
+    args = ['--template', 'llama', '--packing', 'true', '--lr', str(lr),
             '--min_lr', str(lr / 10), '--lr_decay_style', 'cosine', '--lr_warmup_fraction', '0.05', '--seed', '42',
             '--logging_steps', str(a.logging_steps), '--save_steps', '100000', '--no_save_optim', 'true',
             '--no_save_rng', 'true', '--split_dataset_ratio', '0', '--check_model', 'false', '--dataset_num_proc',
@@ -131,6 +132,9 @@ def main():
     ap.add_argument('--logging_steps', type=int, default=5)
     ap.add_argument('--num_proc', type=int, default=2)
     ap.add_argument('--runs', nargs='+', default=['a', 'b', 'c'])
+    ap.add_argument('--stage1_batch', default='tokens', choices=['tokens', 'sequences'],
+                    help="the recipe's --stage1_batch: stage 1 takes G/K sequences of K*T tokens per step (tokens, "
+                    "the paper's set-up and the recipe's default) or G (sequences)")
     ap.add_argument('--deadline', type=float, default=420,
                     help='seconds from the start for models, data, all training and exports (then eval, report)')
     ap.add_argument('--max_parallel', type=int, default=0,
@@ -156,8 +160,9 @@ def main():
     print(f'models: {json.dumps(models)}', flush=True)
 
     # plans and data
-    plan_b, plan_c = make_plan(N, K, lam, seq_length=T, global_batch_size=G), make_plan(2 * N, K, lam, seq_length=T,
-                                                                                      global_batch_size=G)
+    plan_b, plan_c = (make_plan(n, K, lam, seq_length=T, global_batch_size=G, stage1_batch=a.stage1_batch)
+                      for n in (N, 2 * N))
+    G1 = plan_b.stage1.global_batch_size
     a_iters = N // (G * T)
     specs, margin = [], 0.04
 
@@ -189,6 +194,7 @@ def main():
         if run == 'a':
             cmd = [exe('megatron'), 'pt', '--model', m['dir'], '--model_type', 'llama', '--dataset',
                    os.path.join(data, 'a.jsonl'), '--max_length', str(T), '--global_batch_size', str(G),
+                   '--micro_batch_size', str(a.mbs),
                    '--train_iters', str(a_iters), '--output_dir', os.path.join(out, 'token'), '--add_version', 'false',
                    '--save_safetensors', 'false', *common]
             if runner.run(f'{size}_a train', cmd, os.path.join(logs, 'train.log')) == 0:
@@ -199,8 +205,9 @@ def main():
         tokens = N if run == 'b' else 2 * N
         recipe = [exe('swift-plt-two-stage'), '--model', m['dir'], '--output_dir', out, '--tokens', str(tokens),
                   '--patch_size', str(K), '--lam', '2/3', '--max_length', str(T), '--global_batch_size', str(G),
-                  '--stage1_args', f'--dataset {os.path.join(data, run + "1.jsonl")}', '--stage2_args',
-                  f'--dataset {os.path.join(data, run + "2.jsonl")}', '--export_args', shlex.join(export_args(a)),
+                  '--stage1_batch', a.stage1_batch, '--stage1_args',
+                  f'--dataset {os.path.join(data, run + "1.jsonl")} --micro_batch_size {math.gcd(a.mbs, G1)}',
+                  '--stage2_args', f'--dataset {os.path.join(data, run + "2.jsonl")} --micro_batch_size {a.mbs}', '--export_args', shlex.join(export_args(a)),
                   *common]
         if runner.run(f'{size}_{run} stage1', recipe + ['--stage', '1'], os.path.join(out, 'runner_stage1.log')):
             return
@@ -248,7 +255,7 @@ def main():
         f.write(r.stdout + r.stderr)
     print(''.join(line + '\n' for line in r.stdout.splitlines() if line.startswith('EVAL')), flush=True)
 
-    meta = {'N': N, 'T': T, 'G': G, 'K': K, 'lam': '2/3', 'a_iters': a_iters, 'plan_b': plan_b.to_dict(),
+    meta = {'N': N, 'T': T, 'G': G, 'G1': G1, 'stage1_batch': a.stage1_batch, 'K': K, 'lam': '2/3', 'a_iters': a_iters, 'plan_b': plan_b.to_dict(),
             'plan_c': plan_c.to_dict(), 'models': models, 'sizes': a.sizes, 'runs': a.runs, 'lr': {
                 s: a.lr or LR[s] for s in a.sizes}, 'mbs': a.mbs, 'failed': runner.failed,
             'timeline': [dict(x, start=round(x['start'] - t0, 1)) for x in runner.timeline],

@@ -2,7 +2,8 @@
 # The two-stage PLT recipe end to end on one GPU (device kind nvidia-h200, carry=['.gpu_kit']), from the repo root:
 #     bash tests/gpu/two_stage.sh                 (~4-5 min; summary: $OUT/two_stage_summary.txt)
 #   0. setup: source .gpu_kit/setup_device.sh; pip-install this repo; generated tiny Llama (examples/make_tiny_llama.py)
-#   1. swift-plt-two-stage --tokens 737280 --patch_size 4 --lam 2/3 --max_length 256 --global_batch_size 8:
+#   1. swift-plt-two-stage --tokens 737280 --patch_size 4 --lam 2/3 --max_length 256 --global_batch_size 8
+#      --stage1_batch sequences (as recorded in RESULTS.md, before the default became G/K sequences per stage-1 step):
 #      stage 1 K=4 at length 1024, 491520 tokens / 8192 per step = 60 steps; stage 2 K=1 at 256 from the stage-1
 #      weights (fresh optimizer + LR schedule), 245760 / 2048 = 120 steps; vanilla export -> $W/run/hf
 #   2. rerun of the same command: must skip both stages and the export (resume state machine)
@@ -37,7 +38,7 @@ python3 examples/make_tiny_llama.py "$W/tiny" >>"$OUT/two_stage_setup.log" 2>&1 
 say "0 setup ok; $(now)"
 
 RECIPE=(swift-plt-two-stage --model "$W/tiny/model" --output_dir "$W/run" --tokens 737280 --patch_size 4 --lam 2/3
-  --max_length 256 --global_batch_size 8
+  --max_length 256 --global_batch_size 8 --stage1_batch sequences
   --dataset "$W/tiny/train.jsonl" --template llama --micro_batch_size 4 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 5
   --torch_dtype bfloat16 --attention_backend fused --logging_steps 1 --save_steps 30 --seed 42
   --dataloader_num_workers 2 --dataset_num_proc 4
