@@ -24,12 +24,14 @@
 #   bash benchmarks/throughput_1b.sh     (device machine, repo root)
 # env: OUT, TPUT_WORK (/tmp/plt_tput), TOKENIZER_DIR (dir with tokenizer.json of Llama-3; required), TEXT (a .txt;
 #      default /work/shared/data/pd_extract_2mb.txt), ROUNDS (3), ROUNDS_M8 (1), ITERS (12), WARM (3), MBS (4),
-#      GBS (16), RUNS ("stock plt1 plt4"), FIRST_ROUND (1), LOOKAHEAD (3), BUDGET (seconds from the start of this
+#      GBS (16), RUNS ("stock plt1 plt4"), FIRST_ROUND (1), M8_AFTER (ROUNDS: MBS-4 rounds before the MBS-8 rounds;
+#      2 = A B C A B C A8 B8 C8 A B C), LOOKAHEAD (3), BUDGET (seconds from the start of this
 #      script, setup included; no run gets its turn with less than TURN_SECS (45, or the longest turn-to-exit seen)
 #      left; every process is killed at BUDGET - 12 s and the summary printed), PROFILE_STEP (0: off; n: the first
 #      MBS-4 round's plt1 and plt4 run step n under torch.profiler; n = ITERS + 1 profiles after the timed steps),
 #      MODEL_DIR (reuse), REPEAT (5: copies of the text for K=4; 192 rows of 8192 tokens), REPEAT_K1 (2: for K=1),
-#      DATASET_NUM_PROC (default: start cores / (LOOKAHEAD - 1), at most 8), TRAIN_CPUS / START_CPUS (override).
+#      DATASET_NUM_PROC (default: start cores / (LOOKAHEAD - 1), at most 8), TRAIN_CPUS / START_CPUS (override),
+#      SWIFT_PLT_REPORT_DOCS (200).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 1
@@ -42,6 +44,8 @@ ROUNDS=${ROUNDS:-3} ROUNDS_M8=${ROUNDS_M8:-1} ITERS=${ITERS:-12} WARM=${WARM:-3}
 PROFILE_STEP=${PROFILE_STEP:-0} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-stock plt1 plt4} LOOKAHEAD=${LOOKAHEAD:-3}
 BUDGET=${BUDGET:-100000} TURN_SECS=${TURN_SECS:-45}
 TEXT=${TEXT:-/work/shared/data/pd_extract_2mb.txt}
+# the plugin's K>1 data report (start-up, not timed; it never changes the data) encodes 200 documents, not all 1,665
+export SWIFT_PLT_REPORT_DOCS=${SWIFT_PLT_REPORT_DOCS:-200}
 [ -f "$TOKENIZER_DIR/tokenizer.json" ] || { echo "TPUT: TOKENIZER_DIR with the Llama-3 tokenizer.json is required"; exit 1; }
 
 if ! command -v megatron >/dev/null 2>&1; then
@@ -71,7 +75,7 @@ fi
 ELAPSED=$(python3 -c "import time; print(time.time() - $T0)")
 echo "TPUT setup done after ${ELAPSED%.*} s"
 python3 benchmarks/tput_launch.py --work "$W" --model "$MODEL" --data-k1 "$W/text_k1.jsonl" --data-k4 "$W/text_k4.jsonl" \
-  --names "$RUNS" --rounds "$ROUNDS" --rounds-m8 "$ROUNDS_M8" --first-round "$FIRST_ROUND" --mbs "$MBS" --gbs "$GBS" \
+  --names "$RUNS" --rounds "$ROUNDS" --rounds-m8 "$ROUNDS_M8" --first-round "$FIRST_ROUND" ${M8_AFTER:+--m8-after "$M8_AFTER"} --mbs "$MBS" --gbs "$GBS" \
   --iters "$ITERS" --profile-step "$PROFILE_STEP" --lookahead "$LOOKAHEAD" --turn-secs "$TURN_SECS" \
   --deadline "$(python3 -c "print($T0 + $BUDGET - 12)")" --wait-file "$MODEL/model.safetensors" \
   --fail-file "$W/model_failed" ${DATASET_NUM_PROC:+--dataset-num-proc "$DATASET_NUM_PROC"} \

@@ -6,7 +6,8 @@ run at a time, in the interleaved order.
 
 The run list is ``--rounds`` rounds of ``--names`` at MBS ``--mbs`` (stock plt1 plt4 stock plt1 plt4 ...), then
 ``--rounds-m8`` rounds of the same names at MBS 8 (``stock_m8`` ...), all at the same GBS: a budget cut drops the
-MBS 8 runs first, then the last MBS 4 rounds. Per run:
+MBS 8 runs first, then the last MBS 4 rounds. ``--m8-after N`` puts the MBS 8 rounds after the first N MBS-4 rounds
+instead (e.g. 2: A B C A B C A8 B8 C8 A B C; a cut then drops the third MBS-4 round first). Per run:
   * the process is started (``megatron pt``, its own session) pinned to the start cores (``--start-cpus``) when at most
     ``--lookahead`` - 1 other runs are alive; it does its start-up (imports, megatron init, tokenisation, packing) at
     once, then waits in ``BaseMegatronTrainer.__init__`` for its turn (benchmarks/step_probe/sitecustomize.py);
@@ -64,14 +65,13 @@ def fmt_cpus(cpus):
     return ','.join(out)
 
 
-def plan(names, rounds, rounds_m8, mbs, first_round=1):
-    """Interleaved run list: [(key, base, round, mbs)], MBS `mbs` rounds first, then MBS 8 rounds."""
-    runs = []
-    for r in range(first_round, first_round + rounds):
-        runs += [(f'{n}_r{r}', n, r, mbs) for n in names]
-    for r in range(first_round, first_round + rounds_m8):
-        runs += [(f'{n}_m8_r{r}', n, r, 8) for n in names]
-    return runs
+def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None):
+    """Interleaved run list [(key, base, round, mbs)]: the MBS `mbs` rounds, with the MBS 8 rounds after the first
+    `m8_after` of them (default: after all), so that a budget cut drops the runs at the end of the list."""
+    m8_after = rounds if m8_after is None else min(m8_after, rounds)
+    main = [[(f'{n}_r{r}', n, r, mbs) for n in names] for r in range(first_round, first_round + rounds)]
+    m8 = [[(f'{n}_m8_r{r}', n, r, 8) for n in names] for r in range(first_round, first_round + rounds_m8)]
+    return [x for rnd in main[:m8_after] + m8 + main[m8_after:] for x in rnd]
 
 
 def _children():
@@ -130,7 +130,7 @@ class Launcher:
         self.a = a
         self.t0 = time.time()
         self.runs = [Run(i, *x) for i, x in enumerate(plan(a.names.split(), a.rounds, a.rounds_m8, a.mbs,
-                                                           a.first_round))]
+                                                           a.first_round, a.m8_after))]
         self.turn_file = os.path.join(a.work, 'turn')
         os.makedirs(os.path.join(a.work, 'runs'), exist_ok=True)
         os.makedirs(os.path.join(a.work, 'probes'), exist_ok=True)
@@ -152,7 +152,7 @@ class Launcher:
     def command(self, run):
         a = self.a
         model_args, disable, k = BASES[run.base]
-        max_len = POSITIONS * k
+        max_len = a.positions * k
         data = a.data_k4 if k > 1 else a.data_k1
         od = os.path.join(a.work, 'runs', run.key)
         probe = os.path.join(a.work, 'probes', run.key + '.jsonl')
@@ -169,7 +169,7 @@ class Launcher:
                '--seed', '42', '--logging_steps', '1', '--save_steps', '1000000', '--no_save_optim', 'true',
                '--no_save_rng', 'true', '--save_safetensors', 'false', '--split_dataset_ratio', '0',
                '--output_dir', od, '--dataloader_num_workers', '2', '--dataset_num_proc', str(a.dataset_num_proc),
-               '--report_to', 'tensorboard']
+               '--report_to', 'tensorboard', *a.extra_args.split()]
         prof = a.profile_step if (a.profile_step and run.round == a.first_round and run.base != 'stock'
                                   and run.mbs == a.mbs) else 0
         env = dict(os.environ)
@@ -257,11 +257,18 @@ class Launcher:
         run.rc = run.proc.returncode
         run.t_exit = time.time()
         run.state = 'done' if run.rc == 0 else 'failed'
-        took = f', turn to exit {run.t_exit - run.t_turn:.1f} s' if run.t_turn else ' (before its turn)'
+        gpu_from = run.t_turn
+        if run.t_turn:  # the probe's record: when the process reached the turn gate (it may have had the turn earlier)
+            try:
+                with open(os.path.join(self.a.work, 'probes', run.key + '.jsonl.turn.json')) as f:
+                    gpu_from = max(run.t_turn, json.load(f)['wait_start'])
+            except (OSError, ValueError, KeyError):
+                pass
+        took = f', turn to exit {run.t_exit - gpu_from:.1f} s' if run.t_turn else ' (before its turn)'
         self.log(f'exit {run.key}: rc={run.rc} after {run.t_exit - run.t_start:.1f} s{took}'
                  + (f', {len(left)} leftover process(es) killed' if left else ''))
-        if run.t_turn:
-            self.longest_turn = max(self.longest_turn, run.t_exit - run.t_turn)
+        if run.t_turn and run.rc == 0:
+            self.longest_turn = max(self.longest_turn, run.t_exit - gpu_from)
         try:  # packed rows: fewer than ITERS * GBS would start a second epoch within the timed steps
             sizes = [x.split('size=')[-1].strip() for x in open(os.path.join(self.a.work, 'runs', run.key + '.log'),
                                                                  errors='replace') if 'Dataset Token Length' in x]
@@ -347,6 +354,9 @@ class Launcher:
                     self.max_alive_seen = max(self.max_alive_seen, len(alive) + 1)
                 continue
             time.sleep(a.poll)
+        left_alive = [r for r in runs if r.state == 'started']  # none by construction; never leave one behind
+        if left_alive:
+            self.kill(left_alive, 'launcher exiting')
         with open(os.path.join(a.work, 'probes', 'launch.json'), 'w') as f:
             json.dump(dict(t0=self.t0, lookahead=a.lookahead, train_cpus=a.train_cpus, start_cpus=a.start_cpus,
                            dataset_num_proc=a.dataset_num_proc, max_alive_seen=self.max_alive_seen,
@@ -373,6 +383,7 @@ def main(argv=None):
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--rounds-m8', type=int, default=1)
     ap.add_argument('--first-round', type=int, default=1)
+    ap.add_argument('--m8-after', type=int, default=None, help='MBS-4 rounds before the MBS 8 rounds (default: all)')
     ap.add_argument('--mbs', type=int, default=4)
     ap.add_argument('--gbs', type=int, default=16)
     ap.add_argument('--iters', type=int, default=12)
@@ -389,6 +400,8 @@ def main(argv=None):
     ap.add_argument('--wait-file', default=None, help='no turn is given before this file exists (the weights)')
     ap.add_argument('--fail-file', default=None, help='if it appears while waiting for --wait-file: stop')
     ap.add_argument('--poll', type=float, default=0.1)
+    ap.add_argument('--positions', type=int, default=POSITIONS, help='positions per sequence: max_length = K * this')
+    ap.add_argument('--extra-args', default='', help='appended to every command line (later flags win)')
     a = ap.parse_args(argv)
     a.deadline = a.deadline if a.deadline is not None else time.time() + 10**7
     train, start = cpu_split(os.sched_getaffinity(0), a.lookahead)

@@ -69,6 +69,7 @@ distributed = _Dist()
 
 FAKE_MEGATRON = '''#!{python}
 import os, sys, threading, time
+sys.path.insert(0, {py!r})  # the stand-in swift.megatron.trainers.base and torch
 argv = sys.argv
 key = os.path.basename(argv[argv.index('--output_dir') + 1])
 iters = int(argv[argv.index('--train_iters') + 1])
@@ -96,7 +97,7 @@ def make_fake(d):
         f.write(FAKE_TORCH)
     exe = os.path.join(d, 'megatron')
     with open(exe, 'w') as f:
-        f.write(FAKE_MEGATRON.format(python=sys.executable))
+        f.write(FAKE_MEGATRON.format(python=sys.executable, py=os.path.join(d, 'py')))
     os.chmod(exe, os.stat(exe).st_mode | stat.S_IEXEC)
     return exe
 
@@ -104,7 +105,6 @@ def make_fake(d):
 def launch(tmp_path, monkeypatch, args, **env):
     exe = make_fake(str(tmp_path / 'fake'))
     work = tmp_path / 'work'
-    monkeypatch.setenv('PYTHONPATH', str(tmp_path / 'fake' / 'py'))
     monkeypatch.setenv('FAKE_GPU_LOG', str(tmp_path / 'gpu.jsonl'))
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -279,3 +279,11 @@ def test_summary_reads_old_probe_dirs(capsys):
     figs, summary = throughput_summary.main([d, '--warm', '6'])
     assert figs[('stock', 1)]['tokens_per_s'] == pytest.approx(16 * 2048 / figs[('stock', 1)]['step_s_median'])
     assert figs[('plt4', 1)]['k'] == 4 and 'mbs4 plt4/stock' in summary
+
+
+def test_plan_order():
+    keys = lambda p: [k for k, *_ in p]  # noqa: E731
+    assert keys(tput_launch.plan(['a', 'b'], 2, 1, 4)) == ['a_r1', 'b_r1', 'a_r2', 'b_r2', 'a_m8_r1', 'b_m8_r1']
+    assert keys(tput_launch.plan(['a', 'b'], 3, 1, 4, m8_after=2)) == [
+        'a_r1', 'b_r1', 'a_r2', 'b_r2', 'a_m8_r1', 'b_m8_r1', 'a_r3', 'b_r3']
+    assert [m for *_, m in tput_launch.plan(['a'], 2, 1, 4, m8_after=1)] == [4, 8, 4]

@@ -113,6 +113,8 @@ def _turn_gate(init):
     def __init__(self, *args, **kwargs):
         rec = {'turn_id': turn_id, 'launch': float(os.environ.get('STEP_PROBE_T_LAUNCH', 'nan')),
                'wait_start': time.time(), 'cpus_before': sorted(os.sched_getaffinity(0))}
+        with open(rec_path, 'w') as f:  # the launcher reads wait_start (its turn-to-exit time starts there)
+            json.dump(rec, f)
         print(f'[step_probe] run {turn_id}: waiting for the turn', file=sys.stderr, flush=True)
         wait_for_turn(turn_file, turn_id)
         rec['turn'] = time.time()
