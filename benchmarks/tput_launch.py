@@ -409,6 +409,11 @@ def main(argv=None):
     a.start_cpus = a.start_cpus or fmt_cpus(start)
     if a.dataset_num_proc is None:  # the start cores shared by the (lookahead - 1) runs starting up at once
         a.dataset_num_proc = max(1, min(8, len(expand(a.start_cpus)) // max(1, a.lookahead - 1)))
+    if a.train_cpus != a.start_cpus:  # the launcher's polling stays off the training cores too
+        try:
+            os.sched_setaffinity(0, set(expand(a.start_cpus)))
+        except OSError:
+            pass
     L = Launcher(a)
     L.log(f'{len(L.runs)} runs: {" ".join(r.key for r in L.runs)}; lookahead {a.lookahead}, train cpus '
           f'{a.train_cpus}, start cpus {a.start_cpus}, dataset_num_proc {a.dataset_num_proc}, '

@@ -108,8 +108,12 @@ def launch(tmp_path, monkeypatch, args, **env):
     monkeypatch.setenv('FAKE_GPU_LOG', str(tmp_path / 'gpu.jsonl'))
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    tput_launch.main(['--work', str(work), '--model', 'M', '--data-k1', 'D1', '--data-k4', 'D4', '--megatron', exe,
-                      '--iters', '4', '--poll', '0.02', *args])
+    mask = os.sched_getaffinity(0)
+    try:  # main() pins its own process to the start cores: this one, here
+        tput_launch.main(['--work', str(work), '--model', 'M', '--data-k1', 'D1', '--data-k4', 'D4', '--megatron',
+                          exe, '--iters', '4', '--poll', '0.02', *args])
+    finally:
+        os.sched_setaffinity(0, mask)
     gpu = [json.loads(x) for x in open(tmp_path / 'gpu.jsonl')] if (tmp_path / 'gpu.jsonl').exists() else []
     return work, json.load(open(work / 'probes' / 'launch.json')), gpu
 
