@@ -134,6 +134,11 @@ class Launcher:
         self.turn_file = os.path.join(a.work, 'turn')
         os.makedirs(os.path.join(a.work, 'runs'), exist_ok=True)
         os.makedirs(os.path.join(a.work, 'probes'), exist_ok=True)
+        for r in self.runs:  # stale records of an earlier call on the same machine would enter the summary
+            for suffix in ('.jsonl', '.jsonl.turn.json', '.jsonl.prof.json', '.meta.json'):
+                p = os.path.join(a.work, 'probes', r.key + suffix)
+                if os.path.exists(p):
+                    os.remove(p)
         self.max_alive_seen = 0
         self.longest_turn = 0.0
         self.events = []

@@ -175,6 +175,9 @@ def test_turns_interleaved_order_lookahead_crashes_hang_and_pinning(tmp_path, mo
 
 def test_budget_cut(tmp_path, monkeypatch):
     """No turn with less than --turn-secs left; every process is killed at the deadline; launch.json is written."""
+    stale = tmp_path / 'work' / 'probes' / 'plt4_m8_r1.jsonl'  # from an earlier call on the same machine
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"step": 1, "t_end": 0.0}\n')
     t = time.time()
     work, rec, gpu = launch(tmp_path, monkeypatch, ['--rounds', '3', '--rounds-m8', '1', '--lookahead', '2',
                                                    '--deadline', str(t + 4.0), '--turn-secs', '1.5',
@@ -191,6 +194,7 @@ def test_budget_cut(tmp_path, monkeypatch):
     for r in rec['runs']:  # nothing left running
         assert r['state'] in ('done', 'skipped', 'killed')
     assert rec['max_alive_seen'] <= 2
+    assert not stale.exists()
 
 
 def test_wait_file_gates_the_first_turn(tmp_path, monkeypatch):
