@@ -4,6 +4,10 @@ bf16 safetensors, plus the tokenizer files of TOKENIZER_DIR (the real Llama-3 to
 /work/shared/data/convert_llama3_tokenizer.py; its licence forbids committing it).
 
     python3 benchmarks/make_llama32_1b.py OUT_DIR TOKENIZER_DIR      (CPU is enough: ~1.2 B params, 2.5 GB)
+
+config.json and the tokenizer files are written first, the weights last (saved to OUT_DIR.weights_tmp, then renamed into OUT_DIR):
+a `megatron pt` run can start up (it reads only the config and the tokenizer before building the model) while the
+weights are made; model.safetensors appears in OUT_DIR only when complete (benchmarks/tput_launch.py --wait-file).
 """
 import copy
 import json
@@ -11,8 +15,6 @@ import os
 import shutil
 import sys
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 out, tok = sys.argv[1:3]
 cfg = {  # meta-llama/Llama-3.2-1B config.json
     "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -25,15 +27,23 @@ cfg = {  # meta-llama/Llama-3.2-1B config.json
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
     "vocab_size": 128256}
 os.makedirs(out, exist_ok=True)
-torch.manual_seed(0)
-torch.set_default_dtype(torch.bfloat16)
-model = LlamaForCausalLM(LlamaConfig(**copy.deepcopy(cfg)))  # transformers edits nested dicts in place
-model.save_pretrained(out, safe_serialization=True)
 with open(os.path.join(out, 'config.json'), 'w') as f:  # the original file, as users download it
     json.dump(cfg, f, indent=2)
-saved = cfg
 for f in os.listdir(tok):
     if f.startswith(('tokenizer', 'special_tokens')):
         shutil.copy(os.path.join(tok, f), out)
+import torch  # noqa: E402  (after the config and tokenizer files: the runs can start on them)
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)
+model = LlamaForCausalLM(LlamaConfig(**copy.deepcopy(cfg)))  # transformers edits nested dicts in place
+tmp = os.path.normpath(out) + '.weights_tmp'
+model.save_pretrained(tmp, safe_serialization=True)
+for f in sorted(os.listdir(tmp), key=lambda f: f == 'model.safetensors'):  # the weights last
+    if f != 'config.json':
+        os.replace(os.path.join(tmp, f), os.path.join(out, f))
+shutil.rmtree(tmp)
+saved = cfg
 n = sum(p.numel() for p in model.parameters())
 print(f'model: {n / 1e9:.4f} B params, tied={saved.get("tie_word_embeddings")}, rope_scaling={saved.get("rope_scaling") or saved.get("rope_parameters")} -> {out}')

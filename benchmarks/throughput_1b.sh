@@ -1,35 +1,51 @@
 #!/usr/bin/env bash
 # `megatron pt` throughput the way users train: a random-init model with the exact Llama-3.2-1B config.json (llama3
-# RoPE scaling, tied embeddings), the real Llama-3 tokenizer, English text, --packing true, MBS 4 / GBS 16, fused
-# attention, bf16, 1 GPU. Three runs, interleaved ROUNDS times (A B C A B C ...):
+# RoPE scaling, tied embeddings), the real Llama-3 tokenizer, English text, --packing true, GBS 16, fused attention,
+# bf16, 1 GPU. Three runs, interleaved ROUNDS times at MBS 4 (A B C A B C ...), then ROUNDS_M8 times at MBS 8:
 #   A stock : --model_type llama, SWIFT_PLT_DISABLE=1 (the plugin off), --max_length 2048
 #   B plt1  : --model_type llama3_2_plt --patch_size 1, --max_length 2048
 #   C plt4  : --model_type llama3_2_plt --patch_size 4, --max_length 8192 (the same 2048 positions per sequence)
+# (names at MBS 8: stock_m8 plt1_m8 plt4_m8). The MBS 4 rounds come first, so a budget cut drops the MBS 8 runs first.
+#
+# Pipelined (benchmarks/tput_launch.py): up to LOOKAHEAD (3) processes are alive; they start up at once (imports,
+# megatron init, tokenisation, packing: CPU) pinned to the start cores, and wait in BaseMegatronTrainer.__init__ (the
+# first GPU-heavy work) for their turn, which the launcher hands out in the interleaved order once the previous run's
+# process has exited; the run with the turn moves all its threads to the training cores (16 cores: 0-5 train, 6-15
+# start; no pinning below 8 cores). LOOKAHEAD=1: serial runs.
 # Timing: benchmarks/step_probe (sitecustomize, first on PYTHONPATH) records the end of every train_step after a
 # torch.cuda.synchronize(); step time = median of the intervals over steps WARM+1..ITERS; the process exits after
-# step ITERS (no final save). tokens/s = GBS * max_length / step time (sequence slots; packed rows are full up to
-# the last document that fits). Probes in $TPUT_WORK/probes; figures in $OUT/throughput.json and TPUT lines.
-# The first round of B and C runs step PROFILE_STEP under torch.profiler (default: the last step, after the timed ones).
+# step ITERS (no final save). tokens/s = GBS * max_length / step time (sequence slots). Probes in $TPUT_WORK/probes;
+# figures in $OUT/throughput.json and TPUT lines.
+# ITERS=12, WARM=3: in the H100 runs of 2026-11-23 (benchmarks/results/h100_2026-11-23) the step intervals were settled
+# from step 3 on: stock 695 (step 2), then 642 646 649 663 638 650 684 691 641 643 645 721 ms; plt1 713 (step 2), 686
+# (step 3) before its profiled step 4. So intervals of steps 4..12 (9 of them) are timed, the median of 9 (the single
+# slow 684..721 ms steps seen then do not move it).
 #
 #   bash benchmarks/throughput_1b.sh     (device machine, repo root)
 # env: OUT, TPUT_WORK (/tmp/plt_tput), TOKENIZER_DIR (dir with tokenizer.json of Llama-3; required), TEXT (a .txt;
-#      default /work/shared/data/pd_extract_2mb.txt), ROUNDS (2), ITERS (18), WARM (8), MBS (4), GBS (16),
-#      PROFILE_STEP (ITERS: the last step, after the timed ones; a profiled step and the steps after it run slower,
-#      seen on H100), RUNS ("stock plt1 plt4"), FIRST_ROUND (1: round numbers in the probe names, to add rounds from
-#      another device call to the same probe dir), BUDGET (seconds; a run is not started with less than RUN_SECS (75) left and is stopped when
-#      it runs out), MODEL_DIR (reuse), REPEAT (8: copies of the text)
+#      default /work/shared/data/pd_extract_2mb.txt), ROUNDS (3), ROUNDS_M8 (1), ITERS (12), WARM (3), MBS (4),
+#      GBS (16), RUNS ("stock plt1 plt4"), FIRST_ROUND (1), M8_AFTER (ROUNDS: MBS-4 rounds before the MBS-8 rounds;
+#      2 = A B C A B C A8 B8 C8 A B C), LOOKAHEAD (3), BUDGET (seconds from the start of this
+#      script, setup included; no run gets its turn with less than TURN_SECS (45, or the longest turn-to-exit seen)
+#      left; every process is killed at BUDGET - 12 s and the summary printed), PROFILE_STEP (0: off; n: the first
+#      MBS-4 round's plt1 and plt4 run step n under torch.profiler; n = ITERS + 1 profiles after the timed steps),
+#      MODEL_DIR (reuse), REPEAT (5: copies of the text for K=4; 192 rows of 8192 tokens), REPEAT_K1 (2: for K=1),
+#      DATASET_NUM_PROC (default: start cores / (LOOKAHEAD - 1), at most 8), TRAIN_CPUS / START_CPUS (override),
+#      SWIFT_PLT_REPORT_DOCS (200).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 1
+T0=$(date +%s.%N)
 OUT=${OUT:-/tmp/plt_tput_out}
 mkdir -p "$OUT"
 W=${TPUT_WORK:-/tmp/plt_tput}
 mkdir -p "$W/runs" "$W/probes"
-ROUNDS=${ROUNDS:-2} ITERS=${ITERS:-18} WARM=${WARM:-8} MBS=${MBS:-4} GBS=${GBS:-16} PROFILE_STEP=${PROFILE_STEP:-$ITERS}
-FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-stock plt1 plt4}
-BUDGET=${BUDGET:-100000} RUN_SECS=${RUN_SECS:-75}
-T0=$SECONDS
+ROUNDS=${ROUNDS:-3} ROUNDS_M8=${ROUNDS_M8:-1} ITERS=${ITERS:-12} WARM=${WARM:-3} MBS=${MBS:-4} GBS=${GBS:-16}
+PROFILE_STEP=${PROFILE_STEP:-0} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-stock plt1 plt4} LOOKAHEAD=${LOOKAHEAD:-3}
+BUDGET=${BUDGET:-100000} TURN_SECS=${TURN_SECS:-45}
 TEXT=${TEXT:-/work/shared/data/pd_extract_2mb.txt}
+# the plugin's K>1 data report (start-up, not timed; it never changes the data) encodes 200 documents, not all 1,665
+export SWIFT_PLT_REPORT_DOCS=${SWIFT_PLT_REPORT_DOCS:-200}
 [ -f "$TOKENIZER_DIR/tokenizer.json" ] || { echo "TPUT: TOKENIZER_DIR with the Llama-3 tokenizer.json is required"; exit 1; }
 
 if ! command -v megatron >/dev/null 2>&1; then
@@ -41,44 +57,31 @@ if ! (cd /tmp && python3 -c "import swift_plt.activation as a; assert a._finder 
     python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$OUT/tput_pip.log" 2>&1
 fi
 
-# ---- model (exact Llama-3.2-1B config.json, random init, bf16) and data
+# ---- data, then the model (exact Llama-3.2-1B config.json, random init, bf16): config and tokenizer are written at
+# once, the weights in the background while the first runs start up (the launcher gives no turn before they exist)
+python3 benchmarks/make_text_jsonl.py "$TEXT" "$W/text_k1.jsonl" --repeat "${REPEAT_K1:-2}" | sed 's/^/data K=1: /'
+python3 benchmarks/make_text_jsonl.py "$TEXT" "$W/text_k4.jsonl" --repeat "${REPEAT:-5}" | sed 's/^/data K=4: /'
 MODEL=${MODEL_DIR:-$W/llama32_1b}
+rm -f "$W/model_failed"
+MODEL_PID=
 if [ ! -f "$MODEL/model.safetensors" ]; then
-  CUDA_VISIBLE_DEVICES='' python3 benchmarks/make_llama32_1b.py "$MODEL" "$TOKENIZER_DIR" || { echo "TPUT model creation failed"; exit 1; }
+  ( CUDA_VISIBLE_DEVICES='' python3 benchmarks/make_llama32_1b.py "$MODEL" "$TOKENIZER_DIR" >"$W/make_model.log" 2>&1 ||
+      touch "$W/model_failed" ) &
+  MODEL_PID=$!
+  for _ in $(seq 600); do [ -f "$MODEL/config.json" ] && [ -f "$MODEL/tokenizer.json" ] && break; [ -f "$W/model_failed" ] && break; sleep 0.1; done
 fi
-python3 benchmarks/make_text_jsonl.py "$TEXT" "$W/text.jsonl" --repeat "${REPEAT:-8}" | sed 's/^/data: /'
+[ -f "$MODEL/config.json" ] || { echo "TPUT model creation failed"; cat "$W/make_model.log"; exit 1; }
 
-run() { # run NAME ROUND
-  local name=$1 round=$2 od=$W/runs/$1_r$2 probe=$W/probes/$1_r$2.jsonl prof=0 t=$SECONDS
-  local -a common=(--model "$MODEL" --template llama3_2 --dataset "$W/text.jsonl" --packing true
-    --micro_batch_size "$MBS" --global_batch_size "$GBS" --train_iters "$ITERS" --lr 1e-4 --min_lr 1e-5
-    --lr_warmup_iters 2 --attention_backend fused --bf16 true --seed 42 --logging_steps 1 --save_steps 1000000
-    --no_save_optim true --no_save_rng true --save_safetensors false --split_dataset_ratio 0 --output_dir "$od"
-    --dataloader_num_workers 2 --dataset_num_proc 8 --report_to tensorboard)
-  local -a cmd env=(SWIFT_PLT_DISABLE=0)
-  case $name in
-    stock) cmd=(--model_type llama --max_length 2048); env=(SWIFT_PLT_DISABLE=1) ;;
-    plt1) cmd=(--model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 1 --max_length 2048) ;;
-    plt4) cmd=(--model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 4 --max_length 8192) ;;
-  esac
-  [ "$round" = "$FIRST_ROUND" ] && [ "$name" != stock ] && prof=$PROFILE_STEP
-  rm -rf "$od" "$probe"
-  mkdir -p "$od"
-  env "${env[@]}" NPROC_PER_NODE=1 MASTER_PORT=$((29700 + RANDOM % 200)) HF_DATASETS_CACHE="$W/cache" \
-    PYTHONPATH="$REPO/benchmarks/step_probe${PYTHONPATH:+:$PYTHONPATH}" STEP_PROBE_OUT="$probe" STEP_PROBE_STOP="$ITERS" \
-    STEP_PROBE_PROFILE_STEP="$prof" timeout "$((BUDGET - (SECONDS - T0) - 5))" \
-    megatron pt "${cmd[@]}" "${common[@]}" >"$W/runs/$1_r$2.log" 2>&1
-  local rc=$?
-  echo "TPUT run $name round $round: rc=$rc $((SECONDS - t)) s, $(wc -l <"$probe" 2>/dev/null || echo 0) steps probed"
-  [ "$rc" = 0 ] || tail -20 "$W/runs/$1_r$2.log" | sed 's/^/  | /'
-}
-for r in $(seq "$FIRST_ROUND" $((FIRST_ROUND + ROUNDS - 1))); do
-  for name in $RUNS; do
-    if [ $((BUDGET - (SECONDS - T0))) -lt "$RUN_SECS" ]; then
-      echo "TPUT skip $name round $r: budget ($((BUDGET - (SECONDS - T0))) s left)"
-      continue
-    fi
-    run "$name" "$r"
-  done
-done
+ELAPSED=$(python3 -c "import time; print(time.time() - $T0)")
+echo "TPUT setup done after ${ELAPSED%.*} s"
+python3 benchmarks/tput_launch.py --work "$W" --model "$MODEL" --data-k1 "$W/text_k1.jsonl" --data-k4 "$W/text_k4.jsonl" \
+  --names "$RUNS" --rounds "$ROUNDS" --rounds-m8 "$ROUNDS_M8" --first-round "$FIRST_ROUND" ${M8_AFTER:+--m8-after "$M8_AFTER"} --mbs "$MBS" --gbs "$GBS" \
+  --iters "$ITERS" --profile-step "$PROFILE_STEP" --lookahead "$LOOKAHEAD" --turn-secs "$TURN_SECS" \
+  --deadline "$(python3 -c "print($T0 + $BUDGET - 12)")" --wait-file "$MODEL/model.safetensors" \
+  --fail-file "$W/model_failed" ${DATASET_NUM_PROC:+--dataset-num-proc "$DATASET_NUM_PROC"} \
+  ${TRAIN_CPUS:+--train-cpus "$TRAIN_CPUS"} ${START_CPUS:+--start-cpus "$START_CPUS"} ${MEGATRON:+--megatron "$MEGATRON"}
+if [ -n "$MODEL_PID" ]; then  # done by now unless the budget ran out first
+  pkill -P "$MODEL_PID" 2>/dev/null; kill "$MODEL_PID" 2>/dev/null; wait "$MODEL_PID" 2>/dev/null
+  grep -h '^model:' "$W/make_model.log"
+fi
 python3 benchmarks/throughput_summary.py "$W/probes" --warm "$WARM" --gbs "$GBS" --json "$OUT/throughput.json"

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Figures of benchmarks/throughput_1b.sh from its step probes (benchmarks/step_probe).
 
-    python3 benchmarks/throughput_summary.py PROBE_DIR [--warm 8] [--gbs 16] [--json OUT.json]
+    python3 benchmarks/throughput_summary.py PROBE_DIR [--warm 3] [--gbs 16] [--json OUT.json]
 
-PROBE_DIR holds NAME_rR.jsonl (one line per step: step, t_end, loss, grad_norm, max_mem_gib) for NAME in stock, plt1,
-plt4 and rounds R, and NAME_rR.jsonl.prof.json for profiled steps. Per run: step time = median of t_end[i] - t_end[i-1]
-over steps i > warm (and not profiled); tokens/s = gbs * S / step time (S = 2048 for stock and plt1, 8192 for plt4).
-Per round: ratios plt4/stock and plt1/stock of tokens/s; printed: the median over rounds and the spread (min..max).
-MFU = positions/s * F / 989e12 (H100 SXM bf16 dense peak), positions = tokens (K=1) or patches (K=4, = tokens/4),
+PROBE_DIR holds NAME_rR.jsonl (one line per step: step, t_end, wall, loss, grad_norm, max_mem_gib) for NAME in stock,
+plt1, plt4 (MBS 4) and stock_m8, plt1_m8, plt4_m8 (MBS 8) and rounds R, with NAME_rR.meta.json (base name, MBS, GBS,
+max_length, K: written by benchmarks/tput_launch.py; older dirs without it: S and K from the name, GBS from --gbs),
+NAME_rR.jsonl.turn.json (the probe's turn record: start-up, wait, turn-to-first-step times), launch.json (the
+launcher's run states) and NAME_rR.jsonl.prof.json for profiled steps. Per run: step time = median of
+t_end[i] - t_end[i-1] over steps i > warm (profiled steps left out); tokens/s = GBS * max_length / step time (2048 at
+K=1, 8192 at K=4). Per MBS and round: ratios plt4/stock and plt1/stock of tokens/s, and plt1/stock of step time;
+printed: the median over rounds and the spread (min..max).
+MFU = positions/s * F / 989e12 (H100 and H200 SXM bf16 dense peak), positions = tokens (K=1) or patches (K=4, = tokens/4),
 F = 6 * N + 12 * L * d * T: N = 1,235,814,400 (all Llama-3.2-1B parameters: the tied embedding counts once, as the
 LM-head matmul; its lookup is not a matmul), L = 16 layers, d = 2048, T = 2048 positions per sequence (PaLM's
 convention: attention over the full length, causal and document masks ignored).
@@ -30,39 +34,85 @@ PEAK = 989e12
 
 
 def load(probe_dir):
+    """{(name, round): (meta, rows)}: name as in the file name (``stock``, ``plt4_m8``, ...); meta from
+    NAME_rR.meta.json (tput_launch.py: base name, mbs, gbs, max_length, k), else from the name (older probe dirs)."""
     runs = {}
     for f in sorted(glob.glob(os.path.join(probe_dir, '*_r*.jsonl'))):
         m = re.match(r'(\w+?)_r(\d+)\.jsonl$', os.path.basename(f))
         if not m:
             continue
+        name, rnd = m.group(1), int(m.group(2))
+        meta_f = f[:-len('.jsonl')] + '.meta.json'
+        if os.path.exists(meta_f):
+            meta = json.load(open(meta_f))
+        else:
+            base = name.split('_m')[0]
+            meta = {'name': base, 'mbs': int(name.split('_m')[1]) if '_m' in name else 4, 'gbs': None,
+                    'max_length': SEQ[base], 'k': K[base]}
+        turn_f = f + '.turn.json'
+        meta['turn'] = json.load(open(turn_f)) if os.path.exists(turn_f) else None
         rows = [json.loads(x) for x in open(f) if x.strip()]
-        runs[(m.group(1), int(m.group(2)))] = rows
+        runs[(name, rnd)] = (meta, rows)
     return runs
 
 
-def run_figures(rows, name, warm, gbs):
+def run_figures(rows, meta, warm, gbs):
+    """Step time = median interval over steps > warm (profiled steps and the step after one left out);
+    tokens/s = GBS * max_length / step time; MFU from positions/s = tokens/s / K."""
     dts = [b['t_end'] - a['t_end'] for a, b in zip(rows, rows[1:])
            if b['step'] > warm and not b.get('profiled') and not a.get('profiled')]
     if not dts:
         return None
+    gbs = meta.get('gbs') or gbs
     dt = statistics.median(dts)
-    tps = gbs * SEQ[name] / dt
-    return {
+    tps = gbs * meta['max_length'] / dt
+    out = {
+        'name': meta['name'],
+        'mbs': meta['mbs'],
+        'gbs': gbs,
+        'k': meta['k'],
         'steps_timed': len(dts),
         'step_s_median': dt,
         'step_s_min': min(dts),
         'step_s_max': max(dts),
         'tokens_per_s': tps,
-        'mfu': tps / K[name] * FLOPS_PER_POSITION / PEAK,
+        'mfu': tps / meta['k'] * FLOPS_PER_POSITION / PEAK,
         'step1_loss': rows[0].get('loss') if rows and rows[0]['step'] == 1 else None,
         'losses': [r.get('loss') for r in rows],
         'max_mem_gib': max(r['max_mem_gib'] for r in rows),
     }
+    t = meta.get('turn')
+    if t:
+        out['startup_s'] = t['wait_start'] - t['launch']
+        out['wait_s'] = t['turn'] - t['wait_start']
+        out['turn_to_init_s'] = t.get('init_done', float('nan')) - t['turn']
+        if rows and rows[0]['step'] == 1 and 'wall' in rows[0]:
+            out['turn_to_step1_s'] = rows[0]['wall'] - t['turn']
+            out['turn_to_last_step_s'] = rows[-1]['wall'] - t['turn']
+        out['cpus_after_turn'] = t.get('cpus_after')
+    return out
+
+
+def ratios_by_mbs(figs):
+    """{mbs: {'plt4/stock': [per round], 'plt1/stock': [...], 'plt1/stock step time': [...]}}: each ratio of two runs
+    of the same MBS and the same round."""
+    out = {}
+    keys = {(f['mbs'], r) for (n, r), f in figs.items() if f}
+    for mbs, r in sorted(keys):
+        by = {f['name']: f for (n, rr), f in figs.items() if f and rr == r and f['mbs'] == mbs}
+        d = out.setdefault(mbs, {'plt4/stock': [], 'plt1/stock': [], 'plt1/stock step time': []})
+        s, p1, p4 = by.get('stock'), by.get('plt1'), by.get('plt4')
+        if s and p4:
+            d['plt4/stock'].append(p4['tokens_per_s'] / s['tokens_per_s'])
+        if s and p1:
+            d['plt1/stock'].append(p1['tokens_per_s'] / s['tokens_per_s'])
+            d['plt1/stock step time'].append(p1['step_s_median'] / s['step_s_median'])
+    return out
 
 
 def profile_diff(probe_dir, top=12):
     def rows_of(name):
-        fs = glob.glob(os.path.join(probe_dir, f'{name}_r*.jsonl.prof.json'))
+        fs = sorted(glob.glob(os.path.join(probe_dir, f'{name}_r*.jsonl.prof.json')))
         if not fs:
             return None
         return {r['name']: r for r in json.load(open(fs[0]))['rows']}
@@ -86,48 +136,61 @@ def profile_diff(probe_dir, top=12):
     return out
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument('probe_dir')
-    ap.add_argument('--warm', type=int, default=8)
-    ap.add_argument('--gbs', type=int, default=16)
+    ap.add_argument('--warm', type=int, default=3)
+    ap.add_argument('--gbs', type=int, default=16, help='for probe dirs without .meta.json')
     ap.add_argument('--json', default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     runs = load(a.probe_dir)
     figs = {}
-    for (name, r), rows in sorted(runs.items(), key=lambda x: (x[0][1], x[0][0])):
-        f = run_figures(rows, name, a.warm, a.gbs)
-        figs[f'{name}_r{r}'] = f
+    launch_f = os.path.join(a.probe_dir, 'launch.json')
+    launch = json.load(open(launch_f)) if os.path.exists(launch_f) else None
+    order = {r['key']: r['idx'] for r in launch['runs']} if launch else {}
+    for (name, r), (meta, rows) in sorted(runs.items(), key=lambda x: (order.get(f'{x[0][0]}_r{x[0][1]}', 0),
+                                                                       x[0][1], x[0][0])):
+        f = run_figures(rows, meta, a.warm, a.gbs)
+        figs[(name, r)] = f
         if f is None:
             print(f'TPUT {name} round {r}: no timed steps ({len(rows)} probed)')
             continue
-        print(f'TPUT {name:5s} round {r}: {f["tokens_per_s"]:>9,.0f} tokens/s  step {f["step_s_median"] * 1e3:7.1f} ms '
-              f'(min {f["step_s_min"] * 1e3:.1f}, max {f["step_s_max"] * 1e3:.1f}, {f["steps_timed"]} steps)  '
-              f'MFU {f["mfu"] * 100:5.1f}%  step-1 loss {f["step1_loss"]!r}  peak {f["max_mem_gib"]:.1f} GiB')
-    rounds = sorted({r for _, r in runs})
-    ratios = {'plt4/stock': [], 'plt1/stock': [], 'plt1/stock step time': []}
-    for r in rounds:
-        s, p1, p4 = (figs.get(f'{n}_r{r}') for n in ('stock', 'plt1', 'plt4'))
-        if s and p4:
-            ratios['plt4/stock'].append(p4['tokens_per_s'] / s['tokens_per_s'])
-        if s and p1:
-            ratios['plt1/stock'].append(p1['tokens_per_s'] / s['tokens_per_s'])
-            ratios['plt1/stock step time'].append(p1['step_s_median'] / s['step_s_median'])
+        print(f'TPUT {name:8s} round {r} mbs {f["mbs"]}: {f["tokens_per_s"]:>9,.0f} tokens/s  step '
+              f'{f["step_s_median"] * 1e3:7.1f} ms (min {f["step_s_min"] * 1e3:.1f}, max {f["step_s_max"] * 1e3:.1f}, '
+              f'{f["steps_timed"]} steps)  MFU {f["mfu"] * 100:5.1f}%  step-1 loss {f["step1_loss"]!r}  '
+              f'peak {f["max_mem_gib"]:.1f} GiB')
+        if 'startup_s' in f:
+            print(f'TPUT {name:8s} round {r} times: start-up {f["startup_s"]:.1f} s, waited for the turn '
+                  f'{f["wait_s"]:.1f} s, turn to end of __init__ {f["turn_to_init_s"]:.1f} s, turn to step 1 '
+                  f'{f.get("turn_to_step1_s", float("nan")):.1f} s, to the last step '
+                  f'{f.get("turn_to_last_step_s", float("nan")):.1f} s; cpus {fmt(f["cpus_after_turn"])}')
     summary = {}
-    for k, v in ratios.items():
-        if v:
-            summary[k] = {'median': statistics.median(v), 'min': min(v), 'max': max(v), 'per_round': v}
-            print(f'TPUT ratio {k}: median {statistics.median(v):.3f} over {len(v)} round(s), spread {min(v):.3f}..'
-                  f'{max(v):.3f}  per round {[round(x, 3) for x in v]}')
+    for mbs, ratios in ratios_by_mbs(figs).items():
+        for k, v in ratios.items():
+            if v:
+                summary[f'mbs{mbs} {k}'] = {'median': statistics.median(v), 'min': min(v), 'max': max(v),
+                                            'per_round': v}
+                print(f'TPUT ratio mbs {mbs} {k}: median {statistics.median(v):.3f} over {len(v)} round(s), spread '
+                      f'{min(v):.3f}..{max(v):.3f}  per round {[round(x, 3) for x in v]}')
     same_loss = []
-    for r in rounds:
-        s, p1 = figs.get(f'stock_r{r}'), figs.get(f'plt1_r{r}')
-        if s and p1:
-            same_loss.append(s['step1_loss'] == p1['step1_loss'])
-            print(f'TPUT step-1 loss round {r}: stock {s["step1_loss"]!r} plt1 {p1["step1_loss"]!r} '
-                  f'identical={s["step1_loss"] == p1["step1_loss"]}')
-    print(f'TPUT MFU formula: positions/s * (6*N + 12*L*d*T) / 989e12, N={N_PARAMS:,}, L={L}, d={D}, T={T}: '
-          f'{FLOPS_PER_POSITION / 1e9:.3f} GFLOP per position; K=4: positions = tokens/4')
+    for (name, r), f in sorted(figs.items(), key=lambda x: (x[0][1], x[0][0])):
+        if f and f['name'] == 'plt1':
+            s = next((g for (n, rr), g in figs.items() if g and rr == r and g['name'] == 'stock'
+                      and g['mbs'] == f['mbs']), None)
+            if s:
+                same_loss.append(s['step1_loss'] == f['step1_loss'])
+                print(f'TPUT step-1 loss round {r} mbs {f["mbs"]}: stock {s["step1_loss"]!r} plt1 '
+                      f'{f["step1_loss"]!r} identical={s["step1_loss"] == f["step1_loss"]}')
+    print(f'TPUT MFU formula: positions/s * (6*N + 12*L*d*T) / 989e12 (H100/H200 SXM bf16 dense peak), '
+          f'N={N_PARAMS:,}, L={L}, d={D}, T={T}: {FLOPS_PER_POSITION / 1e9:.3f} GFLOP per position; '
+          f'K=4: positions = tokens/4')
+    if launch:
+        states = {}
+        for r in launch['runs']:
+            states.setdefault(r['state'], []).append(r['key'])
+        print(f'TPUT launcher: lookahead {launch["lookahead"]}, at most {launch["max_alive_seen"]} processes alive, '
+              f'train cpus {launch["train_cpus"]}, start cpus {launch["start_cpus"]}, dataset_num_proc '
+              f'{launch["dataset_num_proc"]}; ' + '; '.join(f'{k}: {" ".join(v)}' for k, v in states.items()))
     prof = profile_diff(a.probe_dir)
     if prof:
         for field, d in prof.items():
@@ -138,8 +201,23 @@ def main():
                       f'({t["k1_count"]}x)  {t["name"]}')
     if a.json:
         with open(a.json, 'w') as f:
-            json.dump({'runs': figs, 'ratios': summary, 'step1_loss_identical': same_loss, 'profile': prof,
+            json.dump({'runs': {f'{n}_r{r}': v for (n, r), v in figs.items()}, 'ratios': summary,
+                       'step1_loss_identical': same_loss, 'profile': prof, 'launch': launch,
                        'flops_per_position': FLOPS_PER_POSITION, 'peak': PEAK}, f, indent=1)
+    return figs, summary
+
+
+def fmt(cpus):
+    if not cpus:
+        return '-'
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f'{cpus[i]}-{cpus[j]}')
+        i = j + 1
+    return ','.join(out)
 
 
 if __name__ == '__main__':

@@ -10,6 +10,27 @@ plugin's runs the same way. Per step it appends to ``$STEP_PROBE_OUT`` (JSON lin
 ``STEP_PROBE_PROFILE_STEP=n``: step n runs under torch.profiler (CPU + CUDA); its ``key_averages()`` go to
 ``$STEP_PROBE_OUT.prof.json`` (name, count, self/total CPU and device time in us). ``STEP_PROBE_STOP=n``: the process
 exits (os._exit(0)) after step n, skipping the final checkpoint save.
+
+Pipelined runs (benchmarks/tput_launch.py): several processes start up at once (imports, megatron init, dataset
+tokenisation and packing: CPU work), but only the one holding the turn goes on to GPU-heavy work. With
+``STEP_PROBE_TURN_FILE`` and ``STEP_PROBE_TURN_ID`` set, the probe also wraps ``BaseMegatronTrainer.__init__`` and,
+before it runs, polls the turn file until it holds this run's id (the launcher writes it; it advances the turn only
+after the previous run's process has exited, so a crashed run cannot stall the rest). The turn is then held until the
+process exits. Checked in ms-swift 4.6.0 (swift/megatron/pipelines/train/sft.py, trainers/base.py,
+utils/megatron_lm_utils.py) that nothing GPU-heavy happens before that ``__init__``: ``MegatronSft.__init__`` builds
+the HF model on the ``meta`` device (``load_model=False``); the arguments' ``initialize_megatron`` does
+``set_device`` + ``init_process_group`` (the CUDA context; NCCL communicators are created lazily at the first
+collective) and ``set_random_seed`` (CUDA RNG states: a few bytes); ``run()`` then prepares the dataset
+(tokenisation, packing: CPU) and ``args.init_iters`` (arithmetic), then ``prepare_trainer()`` ->
+``BaseMegatronTrainer.__init__``, whose first statement of substance is ``prepare_model()`` (model build on the GPU,
+weights, then optimizer, ``warmup_jit_function``, checkpoint load). ``train()`` (dataloader workers, first step)
+comes after. So a waiting process holds only its CUDA context (~0.5 GiB) and runs no kernels.
+``STEP_PROBE_TRAIN_CPUS`` (e.g. ``0-5``): on getting the turn, every thread of the process (each tid in
+/proc/self/task) is moved to those cores with os.sched_setaffinity; threads and processes created later (dataloader
+workers, inductor compile workers) inherit it. The launcher starts the processes pinned to the other cores.
+``$STEP_PROBE_OUT.turn.json`` records (time.time()): ``launch`` (``STEP_PROBE_T_LAUNCH``, set by the launcher),
+``wait_start`` (``__init__`` entered), ``turn`` (turn seen), ``init_done`` (``__init__`` returned), the affinity
+before/after; each step record also carries ``wall`` (time.time() at its end).
 """
 import importlib.abc
 import importlib.util
@@ -40,8 +61,80 @@ def _dump_profile(prof, path, step):
         print(f'[step_probe] profiler failed: {e!r}', file=sys.stderr)
 
 
+def parse_cpus(spec):
+    """'0-5,8' -> {0, 1, 2, 3, 4, 5, 8}; '' -> set()."""
+    cpus = set()
+    for part in (spec or '').split(','):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition('-')
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def move_all_threads(cpus):
+    """Pin every thread of this process (each tid in /proc/self/task) to ``cpus``; returns how many were moved."""
+    n = 0
+    try:
+        tids = os.listdir('/proc/self/task')
+    except OSError:
+        tids = ['0']
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            n += 1
+        except (OSError, ValueError):  # a thread that just exited; cores not present
+            pass
+    return n
+
+
+def wait_for_turn(turn_file, turn_id, poll=0.05, timeout=None):
+    """Block until ``turn_file`` holds ``turn_id`` (the launcher writes it atomically); returns the seconds waited."""
+    t0 = time.time()
+    while True:
+        try:
+            with open(turn_file) as f:
+                if f.read().strip() == str(turn_id):
+                    return time.time() - t0
+        except OSError:
+            pass
+        if timeout is not None and time.time() - t0 > timeout:
+            raise TimeoutError(f'[step_probe] no turn {turn_id} in {turn_file} after {timeout} s')
+        time.sleep(poll)
+
+
+def _turn_gate(init):
+    turn_file = os.environ['STEP_PROBE_TURN_FILE']
+    turn_id = os.environ.get('STEP_PROBE_TURN_ID', '0')
+    cpus = parse_cpus(os.environ.get('STEP_PROBE_TRAIN_CPUS', ''))
+    rec_path = os.environ['STEP_PROBE_OUT'] + '.turn.json'
+
+    def __init__(self, *args, **kwargs):
+        rec = {'turn_id': turn_id, 'launch': float(os.environ.get('STEP_PROBE_T_LAUNCH', 'nan')),
+               'wait_start': time.time(), 'cpus_before': sorted(os.sched_getaffinity(0))}
+        with open(rec_path, 'w') as f:  # the launcher reads wait_start (its turn-to-exit time starts there)
+            json.dump(rec, f)
+        print(f'[step_probe] run {turn_id}: waiting for the turn', file=sys.stderr, flush=True)
+        wait_for_turn(turn_file, turn_id)
+        rec['turn'] = time.time()
+        if cpus:
+            rec['threads_moved'] = move_all_threads(cpus)
+        rec['cpus_after'] = sorted(os.sched_getaffinity(0))
+        print(f'[step_probe] run {turn_id}: turn after {rec["turn"] - rec["wait_start"]:.1f} s, cpus '
+              f'{rec["cpus_after"]}', file=sys.stderr, flush=True)
+        init(self, *args, **kwargs)
+        rec['init_done'] = time.time()
+        with open(rec_path, 'w') as f:
+            json.dump(rec, f)
+
+    return __init__
+
+
 def _wrap(module):
     cls = module.BaseMegatronTrainer
+    if os.environ.get('STEP_PROBE_TURN_FILE'):
+        cls.__init__ = _turn_gate(cls.__init__)
     orig = cls.train_step
     out = os.environ['STEP_PROBE_OUT']
     prof_step = int(os.environ.get('STEP_PROBE_PROFILE_STEP', '0') or 0)
@@ -87,6 +180,7 @@ def _wrap(module):
             rec = {
                 'step': step,
                 't_end': t_end,
+                'wall': time.time(),
                 'loss': loss,
                 'grad_norm': float(grad_norm) if grad_norm is not None else None,
                 'max_mem_gib': torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,

@@ -44,7 +44,7 @@ sed -n '/^PLT loss benchmark/,$p' "$L/plt_loss_bench.log" | grep -v '^\[bench\] 
 # 3. throughput
 wait "$MODEL_PID"
 say "3 model: $(grep -E '^(model|rc)' "$L/make_model.log" | tr '\n' ' ') $(now)"
-BUDGET=$(left) MODEL_DIR=$MODEL TPUT_WORK=$W/tput ROUNDS=${ROUNDS:-1} ITERS=${ITERS:-14} WARM=${WARM:-6} \
+BUDGET=$(left) MODEL_DIR=$MODEL TPUT_WORK=$W/tput ROUNDS=${ROUNDS:-1} ROUNDS_M8=${ROUNDS_M8:-0} ITERS=${ITERS:-14} WARM=${WARM:-6} \
   PROFILE_STEP=${PROFILE_STEP:-14} bash benchmarks/throughput_1b.sh >"$L/throughput.log" 2>&1
 say "3 throughput: rc=$? $(now)"
 grep -E '^(TPUT|  |data:)' "$L/throughput.log" | sed 's/^/  /' | tee -a "$SUM"
