@@ -65,6 +65,15 @@ class _Dist:
 
 cuda = _Cuda()
 distributed = _Dist()
+_threads = [10]
+
+
+def get_num_threads():
+    return _threads[0]
+
+
+def set_num_threads(n):
+    _threads[0] = n
 '''
 
 FAKE_MEGATRON = '''#!{python}
@@ -159,6 +168,7 @@ def test_turns_interleaved_order_lookahead_crashes_hang_and_pinning(tmp_path, mo
             assert all(c == [cpus[0]] for c in g['thread_cpus']), g
         t = json.load(open(work / 'probes' / 'stock_r1.jsonl.turn.json'))
         assert t['cpus_before'] == [cpus[1]] and t['cpus_after'] == [cpus[0]]
+        assert t["torch_threads"] == [10, 1]  # the intra-op pool fits the one training core (fit_torch_threads)
     # per-run records for the summary: meta (MBS, K, max_length), turn times, steps with wall time
     meta = json.load(open(work / 'probes' / 'plt4_m8_r1.meta.json'))
     assert (meta['mbs'], meta['k'], meta['max_length'], meta['gbs']) == (8, 4, 8192, 16)

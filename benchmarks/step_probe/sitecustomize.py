@@ -27,7 +27,8 @@ weights, then optimizer, ``warmup_jit_function``, checkpoint load). ``train()`` 
 comes after. So a waiting process holds only its CUDA context (~0.5 GiB) and runs no kernels.
 ``STEP_PROBE_TRAIN_CPUS`` (e.g. ``0-5``): on getting the turn, every thread of the process (each tid in
 /proc/self/task) is moved to those cores with os.sched_setaffinity; threads and processes created later (dataloader
-workers, inductor compile workers) inherit it. The launcher starts the processes pinned to the other cores.
+workers, inductor compile workers) inherit it, and torch's intra-op pool is resized to the training cores minus 3
+(``fit_torch_threads``). The launcher starts the processes pinned to the other cores.
 ``$STEP_PROBE_OUT.turn.json`` records (time.time()): ``launch`` (``STEP_PROBE_T_LAUNCH``, set by the launcher),
 ``wait_start`` (``__init__`` entered), ``turn`` (turn seen), ``init_done`` (``__init__`` returned), the affinity
 before/after; each step record also carries ``wall`` (time.time() at its end).
@@ -89,6 +90,18 @@ def move_all_threads(cpus):
     return n
 
 
+def fit_torch_threads(n_cpus, reserved=3):
+    """After the move: torch's intra-op (OpenMP) pool was sized at start-up for the start cores (10 on 16); left at
+    that size on the fewer training cores, which also run the 2 dataloader workers and the pin-memory thread, every
+    CPU tensor op of the training loop oversubscribes them (on the H200, 2026-11-23: the K=4 run's CPU-side batch
+    checks on 8 x 8192 positions took 4-5 ms per op in the profiled step, ~150 ms per step, against ~0.1-1 ms each
+    on an idle core). Leave ``reserved`` cores to those. Returns (before, after)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, n_cpus - reserved))
+    return before, torch.get_num_threads()
+
+
 def wait_for_turn(turn_file, turn_id, poll=0.05, timeout=None):
     """Block until ``turn_file`` holds ``turn_id`` (the launcher writes it atomically); returns the seconds waited."""
     t0 = time.time()
@@ -120,6 +133,10 @@ def _turn_gate(init):
         rec['turn'] = time.time()
         if cpus:
             rec['threads_moved'] = move_all_threads(cpus)
+            try:
+                rec['torch_threads'] = fit_torch_threads(len(cpus))
+            except Exception as e:  # the probe must never break a run
+                rec['torch_threads'] = repr(e)
         rec['cpus_after'] = sorted(os.sched_getaffinity(0))
         print(f'[step_probe] run {turn_id}: turn after {rec["turn"] - rec["wait_start"]:.1f} s, cpus '
               f'{rec["cpus_after"]}', file=sys.stderr, flush=True)
