@@ -1,4 +1,5 @@
-"""Patch-level training (PLT) math. Framework-free: torch (and torch.distributed for the vocab split) only.
+"""Patch-level training (PLT) math. Framework-free: torch (and torch.distributed for the vocab split) only; numpy
+for the host-side batch checks (``check_patch_aligned``, ``mask_first_patch``).
 
 Shao et al., "Beyond Next Token Prediction: Patch-Level Training for LLMs", arXiv 2407.12665.
 The official HF code (shaochenze/PatchTrain, modeling_llama.py) is, in essence:
@@ -20,6 +21,7 @@ Conventions of this module (Megatron layout):
 import os
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -66,17 +68,44 @@ def patch_position_ids(position_ids: torch.Tensor, patch_size: int) -> torch.Ten
     return torch.div(position_ids[..., ::patch_size], patch_size, rounding_mode='floor')
 
 
+def _host_array(t: torch.Tensor):
+    """A CPU tensor as a numpy array (shared memory), else the tensor itself.
+
+    Why numpy for the host-side batch checks: they run in the training loop's main process on the CPU batch, every
+    micro-batch. A torch CPU op on more than 32768 elements (a K=4 micro-batch of 8 x 8192 positions has 65536)
+    runs in torch's OpenMP pool, and when that pool is larger than the cores left free (dataloader workers,
+    pin-memory thread, other ranks) every op waits at the pool's barrier: 4-5 ms per op in the H200 profile of
+    2026-11-23, ~140 ms per step. numpy's elementwise ops never use a thread pool (benchmarks/batch_check_bench.py).
+    """
+    return t.detach().numpy() if t.device.type == 'cpu' else t
+
+
+def patches_aligned(pos, patch_size: int) -> bool:
+    """True iff every patch of ``pos`` ([N, P, K] position ids, numpy array or torch tensor) lies inside one
+    document: its positions are x, x+1, ..., x+K-1 with x a multiple of K (a document, padded to a multiple of K),
+    or all 0 (one-token pad "documents" at the end of a packed batch).
+
+    Computed as: x % K == 0 for every patch, and pos == x + arange(K) * (last != 0) elementwise (last: the patch's
+    last position). Same accept set: a patch of the first kind has last = x+K-1 != 0 (x = 1-K is not a multiple of
+    K for K >= 2; for K = 1 arange(K) is 0), so it is expected as x + arange(K); a pad patch has last = 0 and is
+    expected all x = 0. Conversely, a patch that matches with last != 0 is x + arange(K) with x % K == 0, and one
+    that matches with last == 0 is all x = last = 0. One [N, P, K] compare instead of two compares, an and and
+    three reductions (tests/test_plt_math.py checks it against the rule written patch by patch)."""
+    k = patch_size
+    ar = torch.arange(k, device=pos.device) if isinstance(pos, torch.Tensor) else np.arange(k)
+    first, last = pos[..., 0], pos[..., k - 1]
+    return bool((first % k == 0).all()) and bool((pos == first[..., None] + ar * (last != 0)[..., None]).all())
+
+
 def check_patch_aligned(position_ids: torch.Tensor, patch_size: int) -> None:
     """Raise unless every patch lies inside one document: each patch's positions are p*K, p*K+1, ..., p*K+K-1
-    (a document, padded to a multiple of K) or all 0 (one-token pad "documents" at the end of a packed batch)."""
+    (a document, padded to a multiple of K) or all 0 (one-token pad "documents" at the end of a packed batch).
+    A CPU batch is checked with numpy (``_host_array``), a device batch with torch (one host sync)."""
     S = position_ids.shape[-1]
     if S % patch_size:
         raise ValueError(f'PLT: sequence length {S} is not a multiple of patch_size {patch_size}; '
                          f'pad it to a multiple of {patch_size}.')
-    pos = position_ids.reshape(-1, S // patch_size, patch_size)
-    expected = pos[..., :1] + torch.arange(patch_size, device=pos.device)
-    ok = ((pos == expected) & (pos[..., :1] % patch_size == 0)).all(-1) | (pos == 0).all(-1)
-    if not bool(ok.all()):
+    if not patches_aligned(_host_array(position_ids).reshape(-1, S // patch_size, patch_size), patch_size):
         raise ValueError(f'PLT: a patch of {patch_size} tokens straddles two documents (position_ids are not '
                          f'aligned to patch_size). Every document must start at a multiple of {patch_size} and be '
                          f'padded to a multiple of {patch_size}; swift-plt does this when it encodes the data.')
@@ -107,7 +136,10 @@ def patch_cu_seqlens(patch_pos: torch.Tensor) -> torch.Tensor:
 
 
 def mask_first_patch(labels: torch.Tensor, position_ids: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """Set to -100 the labels of the first patch of every document (positions < K): nothing predicts them."""
+    """Set to -100 the labels of the first patch of every document (positions < K): nothing predicts them.
+    Returns a new tensor; CPU tensors are masked with numpy (see ``_host_array``)."""
+    if labels.device.type == 'cpu' and position_ids.device.type == 'cpu':
+        return torch.from_numpy(np.where(_host_array(position_ids) < patch_size, IGNORE_INDEX, _host_array(labels)))
     return labels.masked_fill(position_ids < patch_size, IGNORE_INDEX)
 
 

@@ -109,6 +109,62 @@ def test_check_patch_aligned_rejects_length():
         plt.check_patch_aligned(torch.arange(10)[None], 4)
 
 
+def brute_patches_aligned(rows, k):  # the rule, patch by patch
+    for row in rows:
+        if len(row) % k:
+            return False
+        for p in range(len(row) // k):
+            x = row[p * k:(p + 1) * k]
+            document = x[0] % k == 0 and all(x[j] == x[0] + j for j in range(k))
+            pad = all(v == 0 for v in x)
+            if not (document or pad):
+                return False
+    return True
+
+
+def random_position_rows(rng, k):
+    """Packed rows of documents (aligned: whole patches, or not), pad documents (position 0), and point edits."""
+    rows = []
+    P = rng.randint(1, 6)
+    for _ in range(rng.randint(1, 3)):
+        r = []
+        while len(r) < P * k:
+            n = rng.randint(1, 3) * k if rng.random() < 0.7 else rng.randint(1, 3 * k)
+            r += [0] * n if rng.random() < 0.3 else list(range(n))
+        r = r[:P * k]
+        if rng.random() < 0.3:
+            i = rng.randrange(len(r))
+            r[i] = rng.choice([0, 1, k - 1, k, k + 1, r[i] + 1, r[i] - 1, -k, -1])
+        rows.append(r)
+    return rows
+
+
+def test_check_patch_aligned_and_mask_first_patch_match_brute_force():
+    import random
+    rng = random.Random(0)
+    seen = {True: 0, False: 0}
+    for _ in range(1500):
+        k = rng.choice([1, 2, 3, 4, 8])
+        rows = random_position_rows(rng, k)
+        want = brute_patches_aligned(rows, k)
+        seen[want] += 1
+        pos = torch.tensor(rows)
+        for got in (plt.patches_aligned(pos.view(len(rows), -1, k), k),  # torch (the device path)
+                    plt.patches_aligned(pos.numpy().reshape(len(rows), -1, k), k)):  # numpy (the CPU path)
+            assert got == want, (k, rows)
+        if want:
+            plt.check_patch_aligned(pos, k)
+        else:
+            with pytest.raises(ValueError, match='straddles two documents'):
+                plt.check_patch_aligned(pos, k)
+        labels = torch.randint(0, 50, pos.shape)
+        expected = [[IGN if p < k else int(y) for p, y in zip(pr, yr)] for pr, yr in zip(rows, labels.tolist())]
+        got = plt.mask_first_patch(labels, pos, k)
+        assert got.dtype == labels.dtype and got.tolist() == expected
+        assert labels.masked_fill(pos < k, IGN).tolist() == expected  # the device path's formula
+    assert min(seen.values()) > 300, seen  # both outcomes well covered
+
+
 @pytest.mark.parametrize('k', [2, 4])
 def test_patch_attention_mask_padded(k):
     S = 6 * k

@@ -9,7 +9,10 @@ plugin's runs the same way. Per step it appends to ``$STEP_PROBE_OUT`` (JSON lin
   the micro-batches' 'loss' metrics), grad_norm, max_mem_gib (torch.cuda.max_memory_allocated).
 ``STEP_PROBE_PROFILE_STEP=n``: step n runs under torch.profiler (CPU + CUDA); its ``key_averages()`` go to
 ``$STEP_PROBE_OUT.prof.json`` (name, count, self/total CPU and device time in us). ``STEP_PROBE_STOP=n``: the process
-exits (os._exit(0)) after step n, skipping the final checkpoint save.
+exits (os._exit(0)) after step n, skipping the final checkpoint save. ``STEP_PROBE_BATCHES=1``: every model forward
+of the training steps appends to ``$STEP_PROBE_OUT.batches.jsonl`` the step and, per tensor argument
+(input_ids, position_ids, labels, attention_mask, packed_seq_params' cu_seqlens), its dtype, shape and SHA-1: the
+data two runs feed their models can be compared micro-batch by micro-batch (benchmarks/k1_gap_cpu.py).
 
 Pipelined runs (benchmarks/tput_launch.py): several processes start up at once (imports, megatron init, dataset
 tokenisation and packing: CPU work), but only the one holding the turn goes on to GPU-heavy work. With
@@ -60,6 +63,48 @@ def _dump_profile(prof, path, step):
             json.dump({'step': step, 'rows': rows}, f)
     except Exception as e:  # the probe must never break a run
         print(f'[step_probe] profiler failed: {e!r}', file=sys.stderr)
+
+
+def tensor_digest(t):
+    """dtype, shape and SHA-1 of a tensor's values (None stays None)."""
+    import hashlib
+    if t is None:
+        return None
+    c = t.detach().cpu().contiguous()
+    return [str(c.dtype), list(c.shape), hashlib.sha1(c.view(-1).view(torch_uint8()).numpy().tobytes()).hexdigest()]
+
+
+def torch_uint8():
+    import torch
+    return torch.uint8
+
+
+def batch_digest(kwargs):
+    """Digest of a model forward's inputs: every tensor keyword argument, and packed_seq_params' tensors/ints."""
+    import torch
+    rec = {}
+    for name, value in sorted(kwargs.items()):
+        if isinstance(value, torch.Tensor):
+            rec[name] = tensor_digest(value)
+        elif value is not None and name == 'packed_seq_params':
+            rec[name] = {k: tensor_digest(v) if isinstance(v, torch.Tensor) else v
+                         for k, v in sorted(vars(value).items()) if isinstance(v, (torch.Tensor, int, str, type(None)))}
+        elif value is not None:
+            rec[name] = repr(type(value))
+    return rec
+
+
+def _hook_batches(models, path, state):
+    def pre_hook(module, args, kwargs):
+        try:
+            rec = {'step': state['step'], 'n_args': len(args), **batch_digest(kwargs)}
+            with open(path, 'a') as f:
+                f.write(json.dumps(rec) + '\n')
+        except Exception as e:  # the probe must never break a run
+            print(f'[step_probe] batch digest failed: {e!r}', file=sys.stderr)
+
+    for m in models:
+        m.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
 
 def parse_cpus(spec):
@@ -157,12 +202,15 @@ def _wrap(module):
     prof_step = int(os.environ.get('STEP_PROBE_PROFILE_STEP', '0') or 0)
     stop = int(os.environ.get('STEP_PROBE_STOP', '0') or 0)
     state = {'step': 0}
+    batches = os.environ.get('STEP_PROBE_BATCHES', '') == '1'
 
     def train_step(self, train_data_iterator):
         import torch
         state['step'] += 1
         step = state['step']
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        if batches and step == 1 and rank0:
+            _hook_batches(self.unwrapped_models, out + '.batches.jsonl', state)
         prof = None
         cuda = torch.cuda.is_available()
         if step == prof_step and rank0:
