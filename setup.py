@@ -92,6 +92,7 @@ setup(
         'datasets',
         'pyyaml',  # --config of the two-stage recipe (already a dependency of transformers / ms-swift)
         'torch',
+        'numpy',  # host-side batch checks (swift_plt.plt); already a dependency of megatron-core / transformers
     ],
     entry_points={
         'console_scripts': [

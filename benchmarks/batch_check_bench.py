@@ -71,7 +71,8 @@ def measure(a):
         os.sched_setaffinity(0, {a.pin})
     torch.set_num_threads(a.threads)
     if a.busy:
-        busy = subprocess.Popen([sys.executable, '-c', f'import os\nos.sched_setaffinity(0, {{{a.pin}}})\nwhile 1: pass'])
+        loop = f'import os\nos.sched_setaffinity(0, {{{a.pin}}})\nwhile 1: pass'
+        busy = subprocess.Popen([sys.executable, '-c', loop])
         time.sleep(0.3)
     try:
         pos = packed_positions(a.rows, a.seq, a.k)
@@ -118,9 +119,9 @@ def main():
         r = json.loads(out.strip().splitlines()[-1])
         b, f = r['before'], r['after']
         tot_b, tot_f = b['check'][0] + b['mask'][0], f['check'][0] + f['mask'][0]
-        print(f'BATCHCHECK {name:30s} before: check {b["check"][0]:7.3f} ({b["check"][1]:.3f}) mask {b["mask"][0]:6.3f} '
-              f'({b["mask"][1]:.3f}) | after: check {f["check"][0]:6.3f} ({f["check"][1]:.3f}) mask {f["mask"][0]:6.3f} '
-              f'({f["mask"][1]:.3f}) | sum {tot_b:.3f} -> {tot_f:.3f} ms ({tot_b / tot_f:.1f}x)')
+        print(f'BATCHCHECK {name:30s} before: check {b["check"][0]:7.3f} ({b["check"][1]:.3f}) mask '
+              f'{b["mask"][0]:6.3f} ({b["mask"][1]:.3f}) | after: check {f["check"][0]:6.3f} ({f["check"][1]:.3f}) '
+              f'mask {f["mask"][0]:6.3f} ({f["mask"][1]:.3f}) | sum {tot_b:.3f} -> {tot_f:.3f} ms ({tot_b / tot_f:.1f}x)')
 
 
 if __name__ == '__main__':

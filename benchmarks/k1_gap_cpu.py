@@ -2,6 +2,7 @@
 """Does `llama3_2_plt` at K=1 do any work per training step that stock `llama` (SWIFT_PLT_DISABLE=1) does not?
 
     python benchmarks/k1_gap_cpu.py WORK_DIR [--iters 4] [--profile-step 3] [--packing true] [--mbs 2] [--gbs 4]
+                                             [--dtype bfloat16|float32] [--reuse]
 
 Runs the real `megatron pt` (ms-swift 4.6, CPU harness of tests/harness: gloo, unfused attention, no padding-free,
 no fused CE) twice on the harness's tiny Llama, same data, seed and flags: stock `llama` with the plugin disabled,
@@ -11,7 +12,7 @@ then `llama3_2_plt --patch_size 1`. The step probe (benchmarks/step_probe) profi
   * the printed `model_config:` (every field) and `model:` (module tree), class names aside;
   * the batches: per micro-batch, whether every input tensor (dtype, shape, SHA-1) is the same;
   * the profiled step: every op whose count differs, and the ops only one run has;
-  * per-step losses and grad norms (fp32 here: expected equal to the last digit);
+  * per-step losses and grad norms (expected equal to the last digit: same kernels, same order on CPU);
   * self-CPU time of the profiled step (noise on this machine: a figure, not a verdict).
 Not a timing benchmark: the op-level diff is the result. Needs tests/ (the harness) and the plugin installed.
 """
@@ -41,9 +42,9 @@ def run(name, work, model, data, a, model_type, extra, env_extra):
     argv = ['megatron', 'pt', '--model', model, '--model_type', model_type, '--template', 'llama', '--dataset', data,
             '--max_length', str(a.max_length), '--packing', a.packing, '--train_iters', str(a.iters),
             '--micro_batch_size', str(a.mbs), '--global_batch_size', str(a.gbs), '--lr', '1e-3',
-            '--lr_warmup_iters', '0', '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32',
-            '--bf16', 'false', '--fp16', 'false', '--save_steps', '1000', '--no_save_optim', 'true',
-            '--no_save_rng', 'true', '--save_safetensors', 'false', '--dataset_num_proc', '1',
+            '--lr_warmup_iters', '0', '--logging_steps', '1', '--seed', '7', '--torch_dtype', a.dtype,
+            '--bf16', str(a.dtype == 'bfloat16').lower(), '--fp16', 'false', '--save_steps', '1000',
+            '--no_save_optim', 'true', '--no_save_rng', 'true', '--save_safetensors', 'false', '--dataset_num_proc', '1',
             '--dataloader_num_workers', '0', '--output_dir', os.path.join(out, 'run'), *CPU_MEGATRON_ARGS, *extra]
     import shutil
     cmd = [shutil.which('megatron', path=env['PATH']), *argv[1:]]
@@ -70,8 +71,10 @@ def printed(log, key, end):
 
 
 def fields(cfg):
+    """The printed ``model_config: Cls(a=1, b=...)`` (up to the next log line) -> ['a=1', 'b=...'], addresses cut."""
     cfg = re.sub(r' at 0x[0-9a-f]+', '', cfg)
     cfg = re.sub(r'^\S+: \w+\(', '', cfg.strip())
+    cfg = cfg[:cfg.rindex(')\n')] if ')\n' in cfg else cfg.rstrip(')')
     return re.split(r', (?=[a-z_0-9]+=)', cfg)
 
 
@@ -90,6 +93,7 @@ def main():
     ap.add_argument('--mbs', type=int, default=2)
     ap.add_argument('--gbs', type=int, default=4)
     ap.add_argument('--rows', type=int, default=400)
+    ap.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'])
     ap.add_argument('--reuse', action='store_true', help='diff the runs already in WORK_DIR')
     a = ap.parse_args()
     from harness.tiny import make_jsonl, make_tiny_llama
@@ -118,8 +122,7 @@ def main():
     for k, (s, p) in diff.items():
         print(f'  {k}: stock={str(s)[:110]!s} | plt1={str(p)[:110]!s}')
     # model_config and model tree
-    cs, cp = fields(printed(logs['stock'], 'model_config: ', '\n[')), fields(printed(logs['plt1'], 'model_config: ',
-                                                                                       '\n['))
+    cs, cp = (fields(printed(logs[n], 'model_config: ', 'Loading')) for n in ('stock', 'plt1'))
     only_s, only_p = [f for f in cs if f not in cp], [f for f in cp if f not in cs]
     print(f'K1GAP model_config: {len(cs)} / {len(cp)} fields; only stock: {only_s}; only plt1: {only_p}')
     ms, mp = (printed(logs[n], '] model: ', 'model_parameter_info') for n in ('stock', 'plt1'))

@@ -94,7 +94,8 @@ def patches_aligned(pos, patch_size: int) -> bool:
     k = patch_size
     ar = torch.arange(k, device=pos.device) if isinstance(pos, torch.Tensor) else np.arange(k)
     first, last = pos[..., 0], pos[..., k - 1]
-    return bool((first % k == 0).all()) and bool((pos == first[..., None] + ar * (last != 0)[..., None]).all())
+    starts_ok = (first % k == 0).all()
+    return bool(starts_ok & (pos == first[..., None] + ar * (last != 0)[..., None]).all())  # one host sync on a device
 
 
 def check_patch_aligned(position_ids: torch.Tensor, patch_size: int) -> None:
