@@ -117,10 +117,16 @@ def test_padding_free_tail_restarts_every_2_cp_k(template):
 
 
 def test_mutation_no_per_document_cp_padding_fails(template, monkeypatch):
-    """Mutation: the documents are not padded for CP (only the batch end is): the padding rule test fails."""
+    """Mutation: the documents are not padded for CP (only the batch end is): the padding rule test fails. (Padding-
+    free documents are CP-padded at encode time, and by the collator when they were not: both are removed.)"""
     from swift.template.base import Template
+    from swift_plt.plt import patch_padding_to
     monkeypatch.setattr(Template, '_handle_megatron_cp', lambda self, batch: None)
-    batch = collate(template, ROWS, 2, True)
+    tpl = copy.copy(template)
+    tpl.plt_patch_size, tpl.padding_free, tpl.sequence_parallel_size = K, True, 1
+    encoded = [tpl.encode(r, return_length=True) for r in ROWS]  # without the encode-time CP padding
+    tpl.sequence_parallel_size = 2
+    batch = tpl.data_collator(encoded, padding_to=patch_padding_to(2, K))
     with pytest.raises(AssertionError):
         check_collated(batch, 2, True)
 
@@ -133,6 +139,59 @@ def test_mutation_cp_padding_without_k_fails(template, monkeypatch):
     batch = collate(template, ROWS, 2, True)
     with pytest.raises(AssertionError):
         check_collated(batch, 2, True)
+
+
+SHORT_ROWS = [{'messages': [{'role': 'assistant', 'content': t}]} for t in
+              ['a', 'hi', 'to be', 'yes', 'the sea', 'no', 'once upon a time', 'ok', 'fish', 'a b c d e f', 'x'] * 6]
+
+
+def _pack(template, rows, cp, packing_length, k=K):
+    """ms-swift's packing for ``--packing true --context_parallel_size cp``: the documents encoded with lengths,
+    binned by ``length`` into rows of at most ``packing_length`` (PackingDataset's best-fit bin packing), each row
+    collated as the Megatron collator does (padding_to = 2*CP*K, a divisor of packing_length: no tail padding)."""
+    from swift.dataset.packing import calculate_matched_group
+    tpl = copy.copy(template)
+    tpl.plt_patch_size, tpl.sequence_parallel_size, tpl.padding_free, tpl.packing = k, cp, True, True
+    encoded = [tpl.encode(r, return_length=True) for r in rows]
+    bins, _ = calculate_matched_group([(i, sum(e['lengths'])) for i, e in enumerate(encoded)], packing_length)
+    return [tpl.data_collator([[copy.deepcopy(encoded[i]) for i, _ in b]], padding_to=2 * cp * k) for b in bins]
+
+
+@pytest.mark.parametrize('cp', [2, 4])
+def test_packed_rows_of_short_documents_stay_within_packing_length(template, cp):
+    """--packing under CP at K > 1 (review #5): ms-swift bins the documents by their encoded length, so that length
+    must include the 2*CP*K padding (done at encode time): the collated rows never exceed packing_length, and still
+    hold every document (each a multiple of 2*CP*K) with the tokens and labels of the K-padded encoding."""
+    packing_length = 4 * 2 * cp * K
+    rows = _pack(template, SHORT_ROWS, cp, packing_length)
+    assert len(rows) > 1
+    for row in rows:
+        assert row['input_ids'].shape[-1] <= packing_length, (row['input_ids'].shape, packing_length)
+        check_collated(row, cp, True)
+    pad = template.tokenizer.pad_token_id
+    got = torch.cat([row['input_ids'][row['input_ids'] != pad] for row in rows])
+    ref = collate(template, SHORT_ROWS, 1, True)  # the same documents, K-padded only, in one row
+    assert sorted(got.tolist()) == sorted(ref['input_ids'][ref['input_ids'] != pad].tolist())
+    assert sum(int((row['labels'] != IGN).sum()) for row in rows) == int((ref['labels'] != IGN).sum())
+
+
+def test_padding_free_batch_same_as_collator_cp_padding(template):
+    """The 2*CP*K padding at encode time gives the padding-free batch that the collator's own CP padding gave
+    (documents encoded without it, at CP=1, collated at CP=2), bit for bit, tail padding included."""
+    tpl = copy.copy(template)
+    tpl.plt_patch_size, tpl.padding_free = K, True
+    tpl.sequence_parallel_size = 1
+    old = [tpl.encode(r, return_length=True) for r in ROWS]
+    tpl.sequence_parallel_size = 2
+    new = [tpl.encode(r, return_length=True) for r in ROWS]
+    assert [len(e['input_ids']) % (2 * 2 * K) for e in new] == [0] * len(ROWS)
+    assert any(len(a['input_ids']) != len(b['input_ids']) for a, b in zip(old, new))  # the test pads something
+    for padding_to in (2 * 2 * K, PAD_TAIL):
+        a, b = (tpl.data_collator(copy.deepcopy(x), padding_to=padding_to) for x in (old, new))
+        assert set(a) == set(b)
+        for key in a:
+            if key != 'seq_lens':  # the real lengths (upstream's, for locating last tokens) now include the padding
+                assert torch.equal(a[key], b[key]), key
 
 
 # ---------------------------------------------------------------------------------------------------------------
