@@ -626,7 +626,10 @@ def test_critic_engine_cp2_equals_one_rank(critic_dir):
 def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
     """The whole ms-swift path (template, collator, trainer, loss, DP x CP reduction, optimizer) through the stock
     CLI on 2 gloo ranks with the CP attention stand-in (SWIFT_PLT_CPU_CP_ATTENTION), fp32, same data, seed and
-    global batch as 1 rank: loss and grad norm at steps 1 and 2 agree (rel 1e-5)."""
+    global batch as 1 rank: loss and grad norm at steps 1 and 2 agree (rel 1e-5). With --packing the rows depend on
+    CP (documents are binned by their length padded to 2*CP*K, so that rows stay within packing_length): the 1-rank
+    run pads its documents the same way (harness P15, SWIFT_PLT_CPU_PACK_AS_CP: pad tokens with label -100), so it
+    packs, and trains on, the same global batch."""
     import os
 
     from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
@@ -634,7 +637,7 @@ def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
     data = make_jsonl(str(tmp_path / 'train.jsonl'), rows=64)
     custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
 
-    def run(name, nproc, *extra):
+    def run(name, nproc, *extra, env=None):
         argv = ['megatron', 'pt', '--model', hf_dir, '--model_type', 'llama3_2_plt', '--template', 'llama',
                 '--custom_register_path', custom, '--dataset', data, '--max_length', '64', '--train_iters', '2',
                 '--micro_batch_size', '2', '--global_batch_size', '4', '--lr', '1e-3', '--lr_warmup_iters', '0',
@@ -642,13 +645,14 @@ def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
                 'false', '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
                 '--save_safetensors', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
                 '--output_dir', str(tmp_path / name), *CPU_MEGATRON_ARGS, '--patch_size', '4', *layout, *extra]
-        proc = run_cli(argv, nproc=nproc, timeout=900, env_extra={'SWIFT_PLT_CPU_CP_ATTENTION': 'zigzag'})
+        proc = run_cli(argv, nproc=nproc, timeout=900,
+                       env_extra={'SWIFT_PLT_CPU_CP_ATTENTION': 'zigzag', **(env or {})})
         assert proc.returncode == 0, proc.stdout[-5000:]
         return [(d['loss'], d['grad_norm']) for d in parse_logs(proc.stdout)], proc.stdout
 
     cp2, out = run('cp2', 2, '--context_parallel_size', '2')
     assert 'context_parallel_size=2' in out
-    one, _ = run('one', 1)
+    one, _ = run('one', 1, env={'SWIFT_PLT_CPU_PACK_AS_CP': '2'} if '--packing' in layout else None)
     print(layout, 'CP=2', cp2, '1 rank', one)
     assert len(one) == len(cp2) == 2
     for (l2, g2), (l1, g1) in zip(cp2, one):
