@@ -237,7 +237,8 @@ def test_megatron_step_check_one_host_sync_per_step(monkeypatch):
 
 def test_hf_step_check_one_host_sync_per_step(monkeypatch):
     """Review #3, HF side: the patched Trainer.get_batch_samples (on a stand-in class) counts the step's labels
-    on the device and copies one scalar to the host per step; a step without loss token fails; K=1: no copy."""
+    on the device and copies them to the host once per step; a step without loss token fails; a rank without
+    micro-batch (end of an uneven epoch) takes part and does not fail (review #7); K=1: no copy."""
     from types import ModuleType, SimpleNamespace
 
     from swift_plt.patches import transformers_trainer as patch
@@ -258,11 +259,44 @@ def test_hf_step_check_one_host_sync_per_step(monkeypatch):
         monkeypatch.setattr(patch, 'model_patch_size', lambda model, k=k: k)
         calls = _count_host_syncs(monkeypatch)
         assert trainer.get_batch_samples(batches, 6, torch.device('cpu')) == (batches, 'n')
-        assert calls == (['item'] if k > 1 else []), (k, calls)
+        assert calls == (['tolist'] if k > 1 else []), (k, calls)
         monkeypatch.undo()
     monkeypatch.setattr(patch, 'model_patch_size', lambda model: 4)
     with pytest.raises(RuntimeError, match=r'no token of this step at step 7 carries a loss'):
         trainer.get_batch_samples(batches[:3], 3, torch.device('cpu'))
+    assert trainer.get_batch_samples([], 3, torch.device('cpu')) == ([], 'n')
+
+
+def _hf_uneven_worker():
+    """2 gloo ranks, K=4: rank 0 got a micro-batch with loss tokens, rank 1 none (end of an uneven epoch). Both take
+    part in the all-reduce (with the check only on ranks that got batches, rank 0 would wait for rank 1 alone)."""
+    from types import ModuleType, SimpleNamespace
+
+    import torch.distributed as dist
+
+    from swift_plt.patches import transformers_trainer as patch
+    module = ModuleType('stand_in')
+
+    class Trainer:
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            return epoch_iterator, None
+
+    module.Trainer = Trainer
+    patch.apply(module)
+    patch.model_patch_size = lambda model: 4
+    trainer = Trainer()
+    trainer.model, trainer.state = None, SimpleNamespace(global_step=0)
+    mine = [{'labels': torch.tensor([[IGN, 5]])}] if dist.get_rank() == 0 else []
+    trainer.get_batch_samples(mine, 1, torch.device('cpu'))
+    after = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(after)  # a second collective: it pairs up only if both ranks made the same number before
+    return float(after)
+
+
+def test_hf_step_check_rank_without_batches_does_not_hang():
+    from harness.dist import spawn
+    assert spawn(_hf_uneven_worker, 2, timeout=120) == [1.0, 1.0]
 
 
 # ------------------------------------------------------------------ the report glue, ms-swift's template in process
