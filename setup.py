@@ -101,6 +101,7 @@ setup(
             'swift-plt-make-tiny = swift_plt.tiny:main',
         ],
     },
-    # triton: tests/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it)
-    extras_require={'test': ['pytest', 'triton; platform_system == "Linux" and platform_machine == "x86_64"']},
+    # triton: tests/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it).
+    # Bounded to the range tested: 3.9.0 (CPU suite, torch 2.13) and 3.6.0 (GPU kit, torch 2.11).
+    extras_require={'test': ['pytest', 'triton>=3.6,<4; platform_system == "Linux" and platform_machine == "x86_64"']},
 )

@@ -9,6 +9,10 @@ Every patch is a wrapper around the original that returns the original's result 
 PLT run with patch_size K > 1, or a ``llama3_2_critic`` run (load_mcore_checkpoint into a critic; critic training:
 the --value_clip_range flag, the row targets in the template, the critic trainer); K=1 and every other model type
 are bit-for-bit upstream.
+
+``transformers_modeling_rope_utils`` is the one touch point that is not an import-time patch (not in ``PATCHES``): a
+context manager (``swift_plt.hf_compat.hf_rope_guard``) that sets transformers' ``ROPE_INIT_FUNCTIONS['default']``
+for the duration of an HF model build and restores it, guarded the same way each time it runs.
 """
 from . import (swift_arguments_base_args, swift_megatron_arguments, swift_megatron_pipelines_train_sft,
                swift_megatron_trainers_base, swift_megatron_trainers_utils, swift_megatron_utils,

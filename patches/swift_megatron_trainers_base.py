@@ -5,8 +5,10 @@ that happens when every document of the step is at most K tokens long (its first
 upstream would log no loss and a zero grad norm and go on. After upstream's step, the token counts that ms-swift's
 ``loss_func`` already returns per micro-batch (``metrics['loss'][1]``, last pipeline stage) are summed over the whole
 world (one scalar all-reduce, every rank takes part, so every rank raises together: no hang) and the run stops with
-swift_plt.data_report.check_step_loss_tokens's message, before the step is logged or saved. K=1: upstream unchanged
-(ms-swift accepts such steps).
+swift_plt.data_report.check_step_loss_tokens's message, before the step is logged or saved. The counts are summed
+on the device: one all-reduce and one device-to-host copy (``.item()``) per step, whatever the number of
+micro-batches (ms-swift's ``loss_func`` defers its own reductions to log time). K=1: upstream unchanged (ms-swift
+accepts such steps).
 """
 import functools
 
@@ -16,9 +18,14 @@ TARGET = 'swift.megatron.trainers.base'
 VERIFIED = 'ms-swift 4.6.0'
 
 
-def local_loss_tokens(metrics) -> int:
-    """Loss tokens of this rank's micro-batches (ms-swift's loss_func metrics: 'loss' = [loss sum, token count])."""
-    return int(sum(float(m['loss'][1]) for m in metrics or [] if isinstance(m, dict) and 'loss' in m))
+def local_loss_tokens(metrics, device=None):
+    """Loss tokens of this rank's micro-batches (ms-swift's loss_func metrics: 'loss' = [loss sum, token count]), as
+    a float64 scalar tensor on ``device``, summed there without a device-to-host copy (0 with no micro-batch: a
+    pipeline stage other than the last)."""
+    import torch
+    counts = [torch.as_tensor(m['loss'][1]).to(device=device, dtype=torch.float64).reshape(())
+              for m in metrics or [] if isinstance(m, dict) and 'loss' in m]
+    return torch.stack(counts).sum() if counts else torch.zeros((), dtype=torch.float64, device=device)
 
 
 def apply(module):
@@ -36,11 +43,10 @@ def apply(module):
         if k > 1:
             import torch
             import torch.distributed as dist
-            count = torch.tensor([local_loss_tokens(result[0])], dtype=torch.float64,
-                                 device=torch.cuda.current_device())
+            count = local_loss_tokens(result[0], torch.cuda.current_device())
             if dist.is_initialized():
                 dist.all_reduce(count)
-            check_step_loss_tokens(int(count.item()), k, self.state.iteration + 1)
+            check_step_loss_tokens(int(count.item()), k, self.state.iteration + 1)  # the step's one host sync
         return result
 
     train_step._swift_plt = True

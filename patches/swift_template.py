@@ -14,7 +14,13 @@ PLT under Megatron context parallel (K > 1, ``sequence_parallel_size`` = CP > 1)
 cuts at patch boundaries and every document has a multiple of 2*CP patches. Padding-free batches that upstream pads
 at the end (``padding_to``) get position ids restarting every 2*CP tokens; at K > 1 every 2*CP*K tokens instead, so
 those padding documents are whole patches too (the tail is a multiple of 2*CP*K: ``get_padding_to`` is K times
-upstream's, an even multiple of CP).
+upstream's, an even multiple of CP). Padding-free batches (``--padding_free``, ``--packing``): that 2*CP*K padding
+of each document is already done in ``_encode_truncated``, so the encoded ``length``, by which ms-swift's
+``PackingDataset`` bins documents into rows of ``packing_length`` tokens, counts it, and the collator's CP padding is
+a no-op (padded at collate time, a packed row of many short documents could grow by up to 2*CP*K - 1 tokens per
+document past ``packing_length``). A row can then only exceed ``packing_length`` where one document does once padded
+(``--max_length`` not a multiple of 2*CP*K), as upstream's 2*CP rule at K=1. Padded batches are left to the collator
+(each row is padded to the batch length anyway; the padding stays outside ``seq_lens``, as upstream).
 
 Critic (``template.critic_clipped`` not None, set for --model_type llama3_2_critic): the row's "returns"/"reward"/
 "old_values" become token-aligned float lists next to ``labels`` (swift_plt.critic.data.encode_targets, which
@@ -87,8 +93,11 @@ def apply(module):
             pad_id = self.tokenizer.pad_token_id
             if pad_id is None:
                 pad_id = self.tokenizer.eos_token_id
+            m = _plt_cp(self) if self.padding_free else 0
             for e in encoded if isinstance(encoded, list) else [encoded]:
                 pad_encoded(e, k, pad_id)
+                if m:  # the collator's CP padding, done here so that `length` (packing's bin size) counts it
+                    pad_encoded_to(e, m, pad_id)
         return encoded
 
     _encode_truncated._swift_plt = True

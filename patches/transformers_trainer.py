@@ -3,9 +3,12 @@ a step with no loss token fails.
 
 ``get_batch_samples`` collects the micro-batches of one optimizer step (gradient accumulation) before any forward.
 When the model is ``PLTLlamaForCausalLM`` at patch size K > 1, the labels != -100 of those
-batches are counted, summed over the data-parallel ranks (one scalar all-reduce; every rank calls this once per
-step, so every rank raises together) and a step with none fails with swift_plt.data_report.check_step_loss_tokens's
-message, before its forward. Any other model, or K=1: upstream's result, untouched.
+batches are counted on the device (no host copy per micro-batch), summed over the data-parallel ranks with the number
+of micro-batches (one all-reduce of 2 numbers; every rank takes part once per step, also a rank that got no
+micro-batch at the end of an uneven epoch, so none waits alone, and every rank raises together), copied to the host
+once per step, and a step that has micro-batches but no loss token fails with
+swift_plt.data_report.check_step_loss_tokens's message, before its forward. Any other model, or K=1: upstream's
+result, untouched.
 """
 import functools
 
@@ -31,9 +34,13 @@ def model_patch_size(model) -> int:
     return 1
 
 
-def local_loss_tokens(batch_samples) -> int:
-    return int(sum(int((b['labels'] != -100).sum()) for b in batch_samples
-                   if isinstance(b, dict) and b.get('labels') is not None))
+def local_loss_tokens(batch_samples, device=None):
+    """Labels != -100 of this rank's micro-batches, as a float64 scalar tensor on ``device`` (summed on the labels'
+    device, no device-to-host copy)."""
+    import torch
+    counts = [(b['labels'] != -100).sum().to(device=device, dtype=torch.float64)
+              for b in batch_samples if isinstance(b, dict) and b.get('labels') is not None]
+    return torch.stack(counts).sum() if counts else torch.zeros((), dtype=torch.float64, device=device)
 
 
 def apply(module):
@@ -49,13 +56,17 @@ def apply(module):
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batch_samples, num_items_in_batch = upstream(self, epoch_iterator, num_batches, device)
         k = model_patch_size(self.model)
-        if k > 1 and batch_samples:
+        if k > 1:
             import torch
             import torch.distributed as dist
-            count = torch.tensor([local_loss_tokens(batch_samples)], dtype=torch.float64, device=device)
+            count = torch.zeros(2, dtype=torch.float64, device=device)  # [loss tokens, micro-batches], on the device
+            count[0] = local_loss_tokens(batch_samples, device)
+            count[1] = len(batch_samples)
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.all_reduce(count)
-            check_step_loss_tokens(int(count.item()), k, self.state.global_step + 1)
+            tokens, batches = count.tolist()  # the step's one host sync
+            if batches:
+                check_step_loss_tokens(int(tokens), k, self.state.global_step + 1)
         return batch_samples, num_items_in_batch
 
     get_batch_samples._swift_plt = True

@@ -53,33 +53,19 @@ def is_transformers_5(version: tuple = None) -> bool:
 def own_default_rope_fn():
     """transformers' own ``ROPE_INIT_FUNCTIONS['default']``: ``None`` on 5.x (there is none),
     ``modeling_rope_utils._compute_default_rope_parameters`` on 4.x."""
-    if is_transformers_5():
-        return None
-    from transformers import modeling_rope_utils
-    return modeling_rope_utils._compute_default_rope_parameters
-
-
-_MISSING = object()
+    from .patches.transformers_modeling_rope_utils import own_default_rope_fn as own
+    return own(is_transformers_5())
 
 
 @contextlib.contextmanager
 def hf_rope_guard():
     """Build/load HF models inside this block: ``ROPE_INIT_FUNCTIONS['default']`` is transformers' own for its
-    duration (lifted on 5.x, transformers' function on 4.x) and restored afterwards. See the module docstring."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    own = own_default_rope_fn()
-    saved = ROPE_INIT_FUNCTIONS.get('default', _MISSING)
-    if own is None:
-        ROPE_INIT_FUNCTIONS.pop('default', None)
-    else:
-        ROPE_INIT_FUNCTIONS['default'] = own
-    try:
+    duration (lifted on 5.x, transformers' function on 4.x) and restored afterwards. See the module docstring. The
+    touch itself, with the guard that fails loudly if transformers moved it, is
+    ``patches/transformers_modeling_rope_utils.py`` (``swift_plt.patches``: every upstream touch point)."""
+    from .patches.transformers_modeling_rope_utils import own_default_rope
+    with own_default_rope(is_transformers_5()):
         yield
-    finally:
-        if saved is _MISSING:
-            ROPE_INIT_FUNCTIONS.pop('default', None)
-        else:
-            ROPE_INIT_FUNCTIONS['default'] = saved
 
 
 @functools.lru_cache(maxsize=None)

@@ -320,8 +320,13 @@ def plt_local_token_losses(logits: torch.Tensor,
 
 def cp_patch_cu_seqlens(cu_seqlens: torch.Tensor, patch_size: int) -> torch.Tensor:
     """Token-level cumulative lengths of the whole (global) packed sequence -> patch level (CP: the model sees its
-    local slice but the attention takes the global boundaries). Every boundary must be a multiple of K."""
-    if bool((cu_seqlens % patch_size != 0).any()):
-        raise ValueError(f'PLT: packed sequence boundaries {cu_seqlens.tolist()} are not multiples of patch_size '
-                         f'{patch_size}.')
+    local slice but the attention takes the global boundaries). Every boundary must be a multiple of K.
+
+    Not re-checked here, on purpose: a check on the device tensor costs a device-to-host sync per call (q, kv and
+    the padded variants, every micro-batch and model chunk, inside forward). It is redundant: ms-swift builds these
+    cu_seqlens (``get_packed_seq_params``) from the batch's position_ids, as the indices where the position is 0
+    plus the total length, after ``get_batch_on_this_pp_rank``, which (patched, K > 1 under CP) has already run
+    ``check_cp_patch_layout`` on those position_ids on the CPU: position 0 at index 0 and every run from one 0 to
+    the next (and the last to the end) a multiple of 2*CP*K tokens, so every boundary is a multiple of 2*CP*K, hence
+    of K. A misaligned batch fails there, before the forward, with what to do."""
     return torch.div(cu_seqlens, patch_size, rounding_mode='floor').to(torch.int32)

@@ -153,10 +153,11 @@ def test_step_loss_token_counts():
     from swift_plt.patches.swift_megatron_trainers_base import local_loss_tokens as megatron_count
     from swift_plt.patches.transformers_trainer import local_loss_tokens as hf_count
     from swift_plt.patches.transformers_trainer import model_patch_size
-    assert megatron_count([{'loss': torch.tensor([2.5, 3.0])}, {'loss': torch.tensor([0.0, 0.0])}]) == 3
-    assert megatron_count([]) == 0 and megatron_count(None) == 0
+    assert float(megatron_count([{'loss': torch.tensor([2.5, 3.0])}, {'loss': torch.tensor([0.0, 0.0])}])) == 3
+    assert float(megatron_count([])) == 0 and float(megatron_count(None)) == 0
+    assert megatron_count([{'loss': torch.tensor([1.0, 5.0])}]).dtype == torch.float64
     batches = [{'labels': torch.tensor([[IGN, 1, 2], [IGN, IGN, IGN]])}, {'labels': torch.full((1, 3), IGN)}]
-    assert hf_count(batches) == 2
+    assert float(hf_count(batches)) == 2 and float(hf_count([])) == 0
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -177,6 +178,130 @@ def test_step_loss_token_counts():
     assert model_patch_size(Wrap(get_peft_model(plt, LoraConfig(r=2, target_modules=['q_proj'])))) == 4
     assert model_patch_size(LlamaForCausalLM(config)) == 1  # a config.json patch_size on a plain Llama: K=1
     assert model_patch_size(torch.nn.Linear(1, 1)) == 1
+
+
+HOST_SYNCS = ('item', 'tolist', 'numpy', '__bool__', '__int__', '__float__', '__index__')
+
+
+def _count_host_syncs(monkeypatch):
+    """Count the Tensor methods that copy a value to the host (a device sync on GPU); CPU stands in for the GPU."""
+    calls, depth = [], [0]
+    for name in HOST_SYNCS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _name=name, _original=original, **kw):
+            if not depth[0]:  # outermost only: a torch function mode (the harness's, once installed in this
+                calls.append(_name)  # process) dispatches the same method again
+            depth[0] += 1
+            try:
+                return _original(self, *a, **kw)
+            finally:
+                depth[0] -= 1
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls
+
+
+def _step_metrics(tokens):
+    return [{'loss': torch.tensor([0.5 * n, float(n)])} for n in tokens]
+
+
+def test_megatron_step_check_one_host_sync_per_step(monkeypatch):
+    """Review #3: the patched BaseMegatronTrainer.train_step (on a stand-in class) copies one scalar to the host
+    per step, whatever the number of micro-batches; a step whose micro-batches carry no loss token fails with the
+    step's number; K=1 returns upstream's result untouched, without any copy."""
+    from types import ModuleType, SimpleNamespace
+
+    from swift_plt.patches import swift_megatron_trainers_base as patch
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 'cpu')
+    module = ModuleType('stand_in')
+
+    class BaseMegatronTrainer:
+
+        def train_step(self, train_data_iterator):
+            return train_data_iterator, 1.0, True
+
+    module.BaseMegatronTrainer = BaseMegatronTrainer
+    patch.apply(module)
+    trainer = BaseMegatronTrainer()
+    trainer.state = SimpleNamespace(iteration=6)
+    for k, tokens in [(4, [0, 3, 0, 5, 0, 0, 1, 0]), (4, [7]), (1, [0, 0])]:
+        trainer.args = SimpleNamespace(patch_size=k)
+        metrics = _step_metrics(tokens)
+        calls = _count_host_syncs(monkeypatch)
+        result = trainer.train_step(metrics)
+        assert result[0] is metrics
+        assert calls == (['item'] if k > 1 else []), (k, calls)
+        monkeypatch.undo()
+        monkeypatch.setattr(torch.cuda, 'current_device', lambda: 'cpu')
+    trainer.args = SimpleNamespace(patch_size=4)
+    for metrics in (_step_metrics([0, 0, 0]), []):  # [] : no micro-batch on this rank (not the last PP stage)
+        with pytest.raises(RuntimeError, match=r'PLT \(patch_size=4\): no token of this step at step 7 carries'):
+            trainer.train_step(metrics)
+
+
+def test_hf_step_check_one_host_sync_per_step(monkeypatch):
+    """Review #3, HF side: the patched Trainer.get_batch_samples (on a stand-in class) counts the step's labels
+    on the device and copies them to the host once per step; a step without loss token fails; a rank without
+    micro-batch (end of an uneven epoch) takes part and does not fail (review #7); K=1: no copy."""
+    from types import ModuleType, SimpleNamespace
+
+    from swift_plt.patches import transformers_trainer as patch
+    module = ModuleType('stand_in')
+
+    class Trainer:
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            return epoch_iterator, 'n'
+
+    module.Trainer = Trainer
+    patch.apply(module)
+    trainer = Trainer()
+    trainer.model, trainer.state = None, SimpleNamespace(global_step=6)
+    batches = [{'labels': torch.full((2, 8), IGN)} for _ in range(6)]
+    batches[3]['labels'][1, 5] = 9
+    for k in (4, 1):
+        monkeypatch.setattr(patch, 'model_patch_size', lambda model, k=k: k)
+        calls = _count_host_syncs(monkeypatch)
+        assert trainer.get_batch_samples(batches, 6, torch.device('cpu')) == (batches, 'n')
+        assert calls == (['tolist'] if k > 1 else []), (k, calls)
+        monkeypatch.undo()
+    monkeypatch.setattr(patch, 'model_patch_size', lambda model: 4)
+    with pytest.raises(RuntimeError, match=r'no token of this step at step 7 carries a loss'):
+        trainer.get_batch_samples(batches[:3], 3, torch.device('cpu'))
+    assert trainer.get_batch_samples([], 3, torch.device('cpu')) == ([], 'n')
+
+
+def _hf_uneven_worker():
+    """2 gloo ranks, K=4: rank 0 got a micro-batch with loss tokens, rank 1 none (end of an uneven epoch). Both take
+    part in the all-reduce (with the check only on ranks that got batches, rank 0 would wait for rank 1 alone)."""
+    from types import ModuleType, SimpleNamespace
+
+    import torch.distributed as dist
+
+    from swift_plt.patches import transformers_trainer as patch
+    module = ModuleType('stand_in')
+
+    class Trainer:
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            return epoch_iterator, None
+
+    module.Trainer = Trainer
+    patch.apply(module)
+    patch.model_patch_size = lambda model: 4
+    trainer = Trainer()
+    trainer.model, trainer.state = None, SimpleNamespace(global_step=0)
+    mine = [{'labels': torch.tensor([[IGN, 5]])}] if dist.get_rank() == 0 else []
+    trainer.get_batch_samples(mine, 1, torch.device('cpu'))
+    after = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(after)  # a second collective: it pairs up only if both ranks made the same number before
+    return float(after)
+
+
+def test_hf_step_check_rank_without_batches_does_not_hang():
+    from harness.dist import spawn
+    assert spawn(_hf_uneven_worker, 2, timeout=120) == [1.0, 1.0]
 
 
 # ------------------------------------------------------------------ the report glue, ms-swift's template in process

@@ -162,6 +162,48 @@ def test_rope_guard_restores_on_error():
             ROPE_INIT_FUNCTIONS['default'] = saved
 
 
+def test_rope_guard_fails_loudly_if_transformers_moved(monkeypatch):
+    """Review #8: the touch is guarded (patches/transformers_modeling_rope_utils.py): if transformers moved the table
+    or (4.x) its default function, or changed that function's parameters, the guard raises with the verified
+    versions and what to do (not an ImportError / AttributeError at model load), and the table is left alone."""
+    from transformers import modeling_rope_utils
+
+    from swift_plt.patches import transformers_modeling_rope_utils as touch
+    table = modeling_rope_utils.ROPE_INIT_FUNCTIONS
+    before = dict(table)
+
+    def own(config=None, device=None, seq_len=None):
+        pass
+
+    monkeypatch.setattr(hf_compat, 'is_transformers_5', lambda version=None: False)  # the 4.x path, on any major
+    monkeypatch.setattr(modeling_rope_utils, '_compute_default_rope_parameters', own, raising=False)
+    with hf_compat.hf_rope_guard():
+        assert table['default'] is own and hf_compat.own_default_rope_fn() is own
+    assert table == before
+    monkeypatch.setattr(modeling_rope_utils, '_compute_default_rope_parameters', lambda cfg, dev: None)
+    with pytest.raises(RuntimeError, match=r'upstream changed: .*verified against transformers 4.57.6 and 5.19'):
+        with hf_compat.hf_rope_guard():
+            pass
+    monkeypatch.delattr(modeling_rope_utils, '_compute_default_rope_parameters')
+    with pytest.raises(RuntimeError, match=r'upstream moved: `_compute_default_rope_parameters` not found.*'
+                       r'SWIFT_PLT_DISABLE=1'):
+        with hf_compat.hf_rope_guard():
+            pass
+    monkeypatch.delattr(modeling_rope_utils, 'ROPE_INIT_FUNCTIONS')
+    for transformers_5 in (False, True):
+        monkeypatch.setattr(hf_compat, 'is_transformers_5', lambda version=None, v=transformers_5: v)
+        with pytest.raises(RuntimeError, match=r'upstream moved: `ROPE_INIT_FUNCTIONS` not found.*transformers '
+                           r'4.57.6 and 5.19'):
+            with hf_compat.hf_rope_guard():
+                pass
+    monkeypatch.setattr(modeling_rope_utils, 'ROPE_INIT_FUNCTIONS', tuple(before.items()), raising=False)
+    with pytest.raises(RuntimeError, match=r'ROPE_INIT_FUNCTIONS is a tuple, not a dict'):
+        with touch.own_default_rope(True):
+            pass
+    monkeypatch.undo()
+    assert modeling_rope_utils.ROPE_INIT_FUNCTIONS is table and table == before
+
+
 # ------------------------------------------------------------------------- the HF side after mcore-bridge, end to end
 @pytest.mark.slow
 def test_swift_export_to_hf_test_convert_precision(tmp_path):

@@ -117,10 +117,16 @@ def test_padding_free_tail_restarts_every_2_cp_k(template):
 
 
 def test_mutation_no_per_document_cp_padding_fails(template, monkeypatch):
-    """Mutation: the documents are not padded for CP (only the batch end is): the padding rule test fails."""
+    """Mutation: the documents are not padded for CP (only the batch end is): the padding rule test fails. (Padding-
+    free documents are CP-padded at encode time, and by the collator when they were not: both are removed.)"""
     from swift.template.base import Template
+    from swift_plt.plt import patch_padding_to
     monkeypatch.setattr(Template, '_handle_megatron_cp', lambda self, batch: None)
-    batch = collate(template, ROWS, 2, True)
+    tpl = copy.copy(template)
+    tpl.plt_patch_size, tpl.padding_free, tpl.sequence_parallel_size = K, True, 1
+    encoded = [tpl.encode(r, return_length=True) for r in ROWS]  # without the encode-time CP padding
+    tpl.sequence_parallel_size = 2
+    batch = tpl.data_collator(encoded, padding_to=patch_padding_to(2, K))
     with pytest.raises(AssertionError):
         check_collated(batch, 2, True)
 
@@ -133,6 +139,59 @@ def test_mutation_cp_padding_without_k_fails(template, monkeypatch):
     batch = collate(template, ROWS, 2, True)
     with pytest.raises(AssertionError):
         check_collated(batch, 2, True)
+
+
+SHORT_ROWS = [{'messages': [{'role': 'assistant', 'content': t}]} for t in
+              ['a', 'hi', 'to be', 'yes', 'the sea', 'no', 'once upon a time', 'ok', 'fish', 'a b c d e f', 'x'] * 6]
+
+
+def _pack(template, rows, cp, packing_length, k=K):
+    """ms-swift's packing for ``--packing true --context_parallel_size cp``: the documents encoded with lengths,
+    binned by ``length`` into rows of at most ``packing_length`` (PackingDataset's best-fit bin packing), each row
+    collated as the Megatron collator does (padding_to = 2*CP*K, a divisor of packing_length: no tail padding)."""
+    from swift.dataset.packing import calculate_matched_group
+    tpl = copy.copy(template)
+    tpl.plt_patch_size, tpl.sequence_parallel_size, tpl.padding_free, tpl.packing = k, cp, True, True
+    encoded = [tpl.encode(r, return_length=True) for r in rows]
+    bins, _ = calculate_matched_group([(i, sum(e['lengths'])) for i, e in enumerate(encoded)], packing_length)
+    return [tpl.data_collator([[copy.deepcopy(encoded[i]) for i, _ in b]], padding_to=2 * cp * k) for b in bins]
+
+
+@pytest.mark.parametrize('cp', [2, 4])
+def test_packed_rows_of_short_documents_stay_within_packing_length(template, cp):
+    """--packing under CP at K > 1 (review #5): ms-swift bins the documents by their encoded length, so that length
+    must include the 2*CP*K padding (done at encode time): the collated rows never exceed packing_length, and still
+    hold every document (each a multiple of 2*CP*K) with the tokens and labels of the K-padded encoding."""
+    packing_length = 4 * 2 * cp * K
+    rows = _pack(template, SHORT_ROWS, cp, packing_length)
+    assert len(rows) > 1
+    for row in rows:
+        assert row['input_ids'].shape[-1] <= packing_length, (row['input_ids'].shape, packing_length)
+        check_collated(row, cp, True)
+    pad = template.tokenizer.pad_token_id
+    got = torch.cat([row['input_ids'][row['input_ids'] != pad] for row in rows])
+    ref = collate(template, SHORT_ROWS, 1, True)  # the same documents, K-padded only, in one row
+    assert sorted(got.tolist()) == sorted(ref['input_ids'][ref['input_ids'] != pad].tolist())
+    assert sum(int((row['labels'] != IGN).sum()) for row in rows) == int((ref['labels'] != IGN).sum())
+
+
+def test_padding_free_batch_same_as_collator_cp_padding(template):
+    """The 2*CP*K padding at encode time gives the padding-free batch that the collator's own CP padding gave
+    (documents encoded without it, at CP=1, collated at CP=2), bit for bit, tail padding included."""
+    tpl = copy.copy(template)
+    tpl.plt_patch_size, tpl.padding_free = K, True
+    tpl.sequence_parallel_size = 1
+    old = [tpl.encode(r, return_length=True) for r in ROWS]
+    tpl.sequence_parallel_size = 2
+    new = [tpl.encode(r, return_length=True) for r in ROWS]
+    assert [len(e['input_ids']) % (2 * 2 * K) for e in new] == [0] * len(ROWS)
+    assert any(len(a['input_ids']) != len(b['input_ids']) for a, b in zip(old, new))  # the test pads something
+    for padding_to in (2 * 2 * K, PAD_TAIL):
+        a, b = (tpl.data_collator(copy.deepcopy(x), padding_to=padding_to) for x in (old, new))
+        assert set(a) == set(b)
+        for key in a:
+            if key != 'seq_lens':  # the real lengths (upstream's, for locating last tokens) now include the padding
+                assert torch.equal(a[key], b[key]), key
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -567,7 +626,10 @@ def test_critic_engine_cp2_equals_one_rank(critic_dir):
 def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
     """The whole ms-swift path (template, collator, trainer, loss, DP x CP reduction, optimizer) through the stock
     CLI on 2 gloo ranks with the CP attention stand-in (SWIFT_PLT_CPU_CP_ATTENTION), fp32, same data, seed and
-    global batch as 1 rank: loss and grad norm at steps 1 and 2 agree (rel 1e-5)."""
+    global batch as 1 rank: loss and grad norm at steps 1 and 2 agree (rel 1e-5). With --packing the rows depend on
+    CP (documents are binned by their length padded to 2*CP*K, so that rows stay within packing_length): the 1-rank
+    run pads its documents the same way (harness P15, SWIFT_PLT_CPU_PACK_AS_CP: pad tokens with label -100), so it
+    packs, and trains on, the same global batch."""
     import os
 
     from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
@@ -575,7 +637,7 @@ def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
     data = make_jsonl(str(tmp_path / 'train.jsonl'), rows=64)
     custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
 
-    def run(name, nproc, *extra):
+    def run(name, nproc, *extra, env=None):
         argv = ['megatron', 'pt', '--model', hf_dir, '--model_type', 'llama3_2_plt', '--template', 'llama',
                 '--custom_register_path', custom, '--dataset', data, '--max_length', '64', '--train_iters', '2',
                 '--micro_batch_size', '2', '--global_batch_size', '4', '--lr', '1e-3', '--lr_warmup_iters', '0',
@@ -583,13 +645,14 @@ def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
                 'false', '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
                 '--save_safetensors', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0',
                 '--output_dir', str(tmp_path / name), *CPU_MEGATRON_ARGS, '--patch_size', '4', *layout, *extra]
-        proc = run_cli(argv, nproc=nproc, timeout=900, env_extra={'SWIFT_PLT_CPU_CP_ATTENTION': 'zigzag'})
+        proc = run_cli(argv, nproc=nproc, timeout=900,
+                       env_extra={'SWIFT_PLT_CPU_CP_ATTENTION': 'zigzag', **(env or {})})
         assert proc.returncode == 0, proc.stdout[-5000:]
         return [(d['loss'], d['grad_norm']) for d in parse_logs(proc.stdout)], proc.stdout
 
     cp2, out = run('cp2', 2, '--context_parallel_size', '2')
     assert 'context_parallel_size=2' in out
-    one, _ = run('one', 1)
+    one, _ = run('one', 1, env={'SWIFT_PLT_CPU_PACK_AS_CP': '2'} if '--packing' in layout else None)
     print(layout, 'CP=2', cp2, '1 rank', one)
     assert len(one) == len(cp2) == 2
     for (l2, g2), (l1, g1) in zip(cp2, one):

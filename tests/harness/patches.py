@@ -63,6 +63,11 @@ PATCHES (id: upstream target -- what and why)
     from ``cu_seqlens_q`` (``cu_seqlens_q_padded`` when set): token i sees token j iff j <= i in the same document,
     which is what TE's THD attention computes. RoPE needs nothing: megatron's ``_apply_rotary_pos_emb_thd`` already
     runs on CPU. Context parallel > 1 is not handled here (raises).
+ P15 ``swift.template.base.Template._encode_truncated`` (ms-swift 4.6.0, as patched by swift-plt), only with env
+    ``SWIFT_PLT_CPU_PACK_AS_CP=<cp>``: at K > 1, padding-free documents are padded to a multiple of 2*cp*K at encode
+    time, as swift-plt pads them under context parallel cp (patches/swift_template.py). A 1-rank reference run then
+    packs (``--packing``: bins by the encoded length) and trains on the same global batch as the CP=cp run it is
+    compared with. The padding is pad tokens with label -100 after each document: no loss change by itself.
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -383,6 +388,27 @@ def _patch_dot_product_attention(dpa):
     cls._cpu_harness_patched = True
 
 
+# --------------------------------------------------------------------------------------------------------- P15
+def _patch_pack_as_cp(base):
+    import functools
+
+    from swift_plt.patches.swift_template import pad_encoded_to
+    cp = int(os.environ['SWIFT_PLT_CPU_PACK_AS_CP'])
+    inner = base.Template._encode_truncated
+
+    @functools.wraps(inner)
+    def _encode_truncated(self, inputs):
+        encoded = inner(self, inputs)
+        k = getattr(self, 'plt_patch_size', 1)
+        if k > 1 and self.padding_free:
+            pad_id = self.tokenizer.pad_token_id
+            for e in encoded if isinstance(encoded, list) else [encoded]:
+                pad_encoded_to(e, 2 * cp * k, self.tokenizer.eos_token_id if pad_id is None else pad_id)
+        return encoded
+
+    base.Template._encode_truncated = _encode_truncated
+
+
 def install():
     """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
     global _INSTALLED
@@ -405,6 +431,8 @@ def install():
     _imports.when_imported('mcore_bridge.model.gpt_model', _patch_gpt_model)  # P12
     _imports.when_imported('megatron.core.transformer.torch_norm', _patch_torch_norm)  # P13
     _imports.when_imported('megatron.core.transformer.dot_product_attention', _patch_dot_product_attention)  # P14
+    if os.environ.get('SWIFT_PLT_CPU_PACK_AS_CP'):
+        _imports.when_imported('swift.template.base', _patch_pack_as_cp)  # P15
     from .cp_attention import enable_from_env
     enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 
