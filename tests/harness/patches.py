@@ -68,6 +68,11 @@ PATCHES (id: upstream target -- what and why)
     time, as swift-plt pads them under context parallel cp (patches/swift_template.py). A 1-rank reference run then
     packs (``--packing``: bins by the encoded length) and trains on the same global batch as the CP=cp run it is
     compared with. The padding is pad tokens with label -100 after each document: no loss change by itself.
+ P16 ``mcore_bridge.tuners.patcher`` (1.6.5): its LoRA dispatch does ``isinstance(layer, (TELayerNormColumnParallelLinear,
+    TELinear, TEGroupedLinear, TopKRouter))`` with the TE classes it imported, which are stand-ins (P1) when the
+    harness is installed in the same process (tests/test_plt_host_sync.py does): ``isinstance`` then raised a
+    TypeError in any later test of that process that wraps a model with peft (test_data_report's LoRA case). They
+    become ``_NoTEModule`` (P3's class: nothing is an instance), as in the model spec; no layer here is a TE layer.
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -409,6 +414,13 @@ def _patch_pack_as_cp(base):
     base.Template._encode_truncated = _encode_truncated
 
 
+# --------------------------------------------------------------------------------------------------------- P16
+def _patch_tuners_patcher(patcher):
+    for name in ('TELayerNormColumnParallelLinear', 'TELinear', 'TEGroupedLinear'):
+        if not isinstance(getattr(patcher, name, None), type):
+            setattr(patcher, name, _NoTEModule)
+
+
 def install():
     """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
     global _INSTALLED
@@ -433,6 +445,7 @@ def install():
     _imports.when_imported('megatron.core.transformer.dot_product_attention', _patch_dot_product_attention)  # P14
     if os.environ.get('SWIFT_PLT_CPU_PACK_AS_CP'):
         _imports.when_imported('swift.template.base', _patch_pack_as_cp)  # P15
+    _imports.when_imported('mcore_bridge.tuners.patcher', _patch_tuners_patcher)  # P16
     from .cp_attention import enable_from_env
     enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 
