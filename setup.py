@@ -101,5 +101,8 @@ setup(
         ],
     },
     # triton: tests/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it)
-    extras_require={'test': ['pytest', 'triton; platform_system == "Linux" and platform_machine == "x86_64"']},
+    # pytest-xdist: .ci/run runs the CPU suite on 2 workers (`pytest -n 2 --dist loadgroup`)
+    extras_require={
+        'test': ['pytest', 'pytest-xdist', 'triton; platform_system == "Linux" and platform_machine == "x86_64"']
+    },
 )
