@@ -103,5 +103,9 @@ setup(
     },
     # triton: tests/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it).
     # Bounded to the range tested: 3.9.0 (CPU suite, torch 2.13) and 3.6.0 (GPU kit, torch 2.11).
-    extras_require={'test': ['pytest', 'triton>=3.6,<4; platform_system == "Linux" and platform_machine == "x86_64"']},
+    # pytest-xdist: .ci/run runs the CPU suite on 2 workers (`pytest -n 2 --dist loadgroup`)
+    extras_require={
+        'test': ['pytest', 'pytest-xdist',
+                 'triton>=3.6,<4; platform_system == "Linux" and platform_machine == "x86_64"']
+    },
 )

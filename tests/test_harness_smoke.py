@@ -12,6 +12,9 @@ import torch
 
 from harness import CPU_MEGATRON_ARGS, make_jsonl, make_tiny_llama, parse_logs, parse_losses, run_cli, spawn
 
+# one worker under `pytest -n` (.ci/run): the module-scoped `megatron pt` run is shared by two tests
+pytestmark = pytest.mark.xdist_group('harness_smoke')
+
 # fp32 on CPU with one thread: measured max |mcore - HF| = 0 (TP=1, PP=2) and 7.5e-7 (TP=2) for logits of size ~1.
 LOGITS_TOL = dict(rtol=1e-5, atol=1e-5)
 

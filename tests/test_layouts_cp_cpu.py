@@ -23,6 +23,9 @@ import torch
 from harness.dist import spawn
 from harness.tiny import make_tiny_llama
 
+# one worker under `pytest -n` (.ci/run): the module-scoped single-rank runs are shared by most tests here
+pytestmark = pytest.mark.xdist_group('layouts_cp_cpu')
+
 K = 4
 VOCAB = 512
 IGN = -100

@@ -26,6 +26,9 @@ import torch
 from harness.dist import spawn
 from harness.tiny import make_tiny_critic, make_tiny_llama
 
+# one worker under `pytest -n` (.ci/run): the module-scoped single-rank runs are shared by most tests here
+pytestmark = pytest.mark.xdist_group('layouts_cpu')
+
 K = 4
 S = 32  # a multiple of K * TP * 2: every layout below holds whole patches per rank
 VOCAB = 512

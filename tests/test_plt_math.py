@@ -1,12 +1,12 @@
 """swift_plt.plt against brute-force references written the obvious way, on random inputs."""
 import io
 import os
-import socket
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from harness.dist import free_port
 from swift_plt import plt
 
 IGN = -100
@@ -270,12 +270,6 @@ def test_pad_to_multiple():
 # ---- vocab split across a real gloo group (2 ranks), against the full-vocab result ----
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def _vocab_split_worker(rank, world, port, logits_full, labels, k, queue):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
     torch.distributed.init_process_group('gloo', rank=rank, world_size=world)
@@ -310,7 +304,7 @@ def test_loss_vocab_parallel_matches_full_vocab(world):
 
     ctx = torch.multiprocessing.get_context('spawn')
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_vocab_split_worker, args=(r, world, port, logits, labels, k, queue)) for r in range(world)]
     for p in procs:
         p.start()

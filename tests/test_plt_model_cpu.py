@@ -7,6 +7,9 @@ import torch
 from harness.dist import spawn
 from harness.tiny import make_tiny_llama
 
+# one worker under `pytest -n` (.ci/run): the module-scoped reference and Megatron runs are shared
+pytestmark = pytest.mark.xdist_group('plt_model_cpu')
+
 K = 4
 S = 32
 LENS = [32, 20]  # real lengths (multiples of K, as the template pads them); row 1 is padded to S

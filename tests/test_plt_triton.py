@@ -5,13 +5,12 @@ import os
 
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before the kernels are built (lazily, on first use)
 
-import socket  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 pytest.importorskip('triton')
 
+from harness.dist import free_port  # noqa: E402
 from swift_plt import plt  # noqa: E402
 from swift_plt import plt_triton  # noqa: E402
 
@@ -140,12 +139,6 @@ def test_auto_dispatch_uses_triton_on_cuda(monkeypatch):
 # ---- vocab-parallel: 2 gloo ranks, each runs the kernel on its vocab slice (interpreter) ----
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def _tp_worker(rank, world, port, logits_full, labels, grad_w, k, queue):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), TRITON_INTERPRET='1')
     torch.distributed.init_process_group('gloo', rank=rank, world_size=world)
@@ -173,7 +166,7 @@ def test_triton_vocab_parallel_matches_reference():
     ref_l, ref_g = run('torch', logits, labels, k, grad_w)
     ctx = torch.multiprocessing.get_context('spawn')
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_tp_worker, args=(r, world, port, logits, labels, grad_w, k, queue)) for r in range(world)]
     for p in procs:
         p.start()

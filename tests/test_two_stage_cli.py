@@ -15,7 +15,8 @@ from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
 from harness.dist import cpu_threads
 from harness.tiny import make_jsonl, make_tiny_llama
 
-pytestmark = pytest.mark.slow
+# one worker under `pytest -n` (.ci/run): the module-scoped recipe run (~2 min) is shared by every test here
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('two_stage_cli')]
 CPU_EXPORT_ARGS = ('--torch_dtype float32 --fp16 false --bf16 false --ddp_backend gloo --use_cpu_initialization true '
                    '--perform_initialization true --check_model false')
 
