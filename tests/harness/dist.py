@@ -13,17 +13,20 @@ from .patches import install
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free now (the caller's ranks bind it seconds later, after their imports).
 
-    Under pytest-xdist (`pytest -n N`, .ci/run) each worker draws from its own range below the kernel's ephemeral
-    ports (32768-60999 by default): otherwise one worker may be handed the port that another worker picked and has
-    not bound yet, or a gloo connection may take it in between. Outside xdist: any port the kernel gives."""
-    worker = os.environ.get('PYTEST_XDIST_WORKER', '')  # 'gw0', 'gw1', ...
-    if worker[2:].isdigit():
-        low = 10000 + 2000 * (int(worker[2:]) % 10)  # 10000-29999: 2000 ports per worker
-        for port in random.Random().sample(range(low, low + 2000), 2000):
+    Under pytest-xdist (`pytest -n N`, .ci/run) worker i of N draws at random from every N-th port of 10000-32767
+    starting at 10000 + i, below the kernel's ephemeral ports (32768-60999 by default): no two workers can pick the
+    same port, and no gloo connection or other socket that the kernel numbers can take it before the ranks bind it.
+    Outside xdist: any port the kernel gives."""
+    worker, count = os.environ.get('PYTEST_XDIST_WORKER', ''), os.environ.get('PYTEST_XDIST_WORKER_COUNT', '')
+    if worker[2:].isdigit() and count.isdigit() and int(count) > 0:  # 'gw0', 'gw1', ...
+        ports = range(10000 + int(worker[2:]) % int(count), 32768, int(count))
+        rng = random.Random()  # not the global one: tests seed it
+        for _ in range(100):
+            port = rng.choice(ports)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
                     s.bind(('127.0.0.1', port))
-                except OSError:
+                except OSError:  # in use
                     continue
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
