@@ -25,6 +25,8 @@ import os
 import re
 import statistics
 
+from tput_launch import fmt_cpus  # this directory (the scripts run as benchmarks/NAME.py)
+
 SEQ = {'stock': 2048, 'plt1': 2048, 'plt4': 8192}
 K = {'stock': 1, 'plt1': 1, 'plt4': 4}
 N_PARAMS = 1_235_814_400
@@ -163,7 +165,8 @@ def main(argv=None):
             print(f'TPUT {name:8s} round {r} times: start-up {f["startup_s"]:.1f} s, waited for the turn '
                   f'{f["wait_s"]:.1f} s, turn to end of __init__ {f["turn_to_init_s"]:.1f} s, turn to step 1 '
                   f'{f.get("turn_to_step1_s", float("nan")):.1f} s, to the last step '
-                  f'{f.get("turn_to_last_step_s", float("nan")):.1f} s; cpus {fmt(f["cpus_after_turn"])}')
+                  f'{f.get("turn_to_last_step_s", float("nan")):.1f} s; '
+                  f'cpus {fmt_cpus(f["cpus_after_turn"] or []) or "-"}')
     summary = {}
     for mbs, ratios in ratios_by_mbs(figs).items():
         for k, v in ratios.items():
@@ -205,19 +208,6 @@ def main(argv=None):
                        'step1_loss_identical': same_loss, 'profile': prof, 'launch': launch,
                        'flops_per_position': FLOPS_PER_POSITION, 'peak': PEAK}, f, indent=1)
     return figs, summary
-
-
-def fmt(cpus):
-    if not cpus:
-        return '-'
-    out, i = [], 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        out.append(str(cpus[i]) if i == j else f'{cpus[i]}-{cpus[j]}')
-        i = j + 1
-    return ','.join(out)
 
 
 if __name__ == '__main__':

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import torch
+from harness.host_sync import count_host_syncs
 
 from swift_plt.data_report import (DataReport, DocCounts, NoLossDataError, build_report, check_report,
                                    check_step_loss_tokens, document_counts, estimate_loss_tokens, expected_counts,
@@ -180,28 +181,6 @@ def test_step_loss_token_counts():
     assert model_patch_size(torch.nn.Linear(1, 1)) == 1
 
 
-HOST_SYNCS = ('item', 'tolist', 'numpy', '__bool__', '__int__', '__float__', '__index__')
-
-
-def _count_host_syncs(monkeypatch):
-    """Count the Tensor methods that copy a value to the host (a device sync on GPU); CPU stands in for the GPU."""
-    calls, depth = [], [0]
-    for name in HOST_SYNCS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _name=name, _original=original, **kw):
-            if not depth[0]:  # outermost only: a torch function mode (the harness's, once installed in this
-                calls.append(_name)  # process) dispatches the same method again
-            depth[0] += 1
-            try:
-                return _original(self, *a, **kw)
-            finally:
-                depth[0] -= 1
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return calls
-
-
 def _step_metrics(tokens):
     return [{'loss': torch.tensor([0.5 * n, float(n)])} for n in tokens]
 
@@ -228,7 +207,7 @@ def test_megatron_step_check_one_host_sync_per_step(monkeypatch):
     for k, tokens in [(4, [0, 3, 0, 5, 0, 0, 1, 0]), (4, [7]), (1, [0, 0])]:
         trainer.args = SimpleNamespace(patch_size=k)
         metrics = _step_metrics(tokens)
-        calls = _count_host_syncs(monkeypatch)
+        calls = count_host_syncs(monkeypatch)
         result = trainer.train_step(metrics)
         assert result[0] is metrics
         assert calls == (['item'] if k > 1 else []), (k, calls)
@@ -262,7 +241,7 @@ def test_hf_step_check_one_host_sync_per_step(monkeypatch):
     batches[3]['labels'][1, 5] = 9
     for k in (4, 1):
         monkeypatch.setattr(patch, 'model_patch_size', lambda model, k=k: k)
-        calls = _count_host_syncs(monkeypatch)
+        calls = count_host_syncs(monkeypatch)
         assert trainer.get_batch_samples(batches, 6, torch.device('cpu')) == (batches, 'n')
         assert calls == (['tolist'] if k > 1 else []), (k, calls)
         monkeypatch.undo()

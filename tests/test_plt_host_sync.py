@@ -5,6 +5,7 @@ import types
 
 import pytest
 import torch
+from harness.host_sync import count_host_syncs
 
 
 @pytest.fixture(scope='module')
@@ -58,28 +59,6 @@ def test_cp_patch_packed_seq_params_host_max(model_mod, k, cp):
         slow = model.patch_packed_seq_params_cp(token_params, k)
         assert fast.max_seqlen_q == fast.max_seqlen_kv == slow.max_seqlen_q == slow.max_seqlen_kv == max(docs) // k
         assert torch.equal(fast.cu_seqlens_q, slow.cu_seqlens_q)
-
-
-HOST_SYNCS = ('item', 'tolist', 'numpy', '__bool__', '__int__', '__float__', '__index__')
-
-
-def count_host_syncs(monkeypatch):
-    """Count the Tensor methods that copy a value to the host (a device sync on GPU); CPU stands in for the GPU."""
-    calls, depth = [], [0]
-    for name in HOST_SYNCS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _name=name, _original=original, **kw):
-            if not depth[0]:  # outermost only: a torch function mode (the harness's, once installed in this
-                calls.append(_name)  # process) dispatches the same method again
-            depth[0] += 1
-            try:
-                return _original(self, *a, **kw)
-            finally:
-                depth[0] -= 1
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return calls
 
 
 @pytest.mark.parametrize('k, cp', [(4, 2), (2, 4)])
