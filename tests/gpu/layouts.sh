@@ -6,7 +6,9 @@
 #            max_length 8192, --packing true with --streaming true vs the same without streaming (both at once on
 #            GPU 0): step-1 loss (same range; the two data paths pack different rows, see below), falling curves,
 #            tokens/s and peak memory side by side.
-#   2 GPUs : the tiny-model matrix, each layout against its 1-GPU reference on the same data/seed/global batch:
+#   2 GPUs : the 1B shape with the reference command's flags (--packing --streaming, max_length 8192, K=4) at TP2+SP
+#            against 1 GPU, and the tiny-model matrix, each layout against its 1-GPU reference on the same
+#            data/seed/global batch (PAR, default 4, 2-GPU runs at a time on the same GPUs: start-up dominates):
 #            TP2+SP, CP2 zigzag packed, CP2 zigzag THD, CP2 contiguous (must be refused), PP2+VPP2, DP2 (PLT K=4, megatron pt); critic DP2
 #            (megatron sft --model_type llama3_2_critic); critic engine CP2 (MegatronCritic, critic_checks.py).
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
@@ -15,7 +17,7 @@
 # run also reports tokens/s (GBS x max_length slots per step, after WARM steps) and peak memory (ms-swift's
 # memory(GiB)). Logs in $OUT, the summary in $OUT/layouts_summary.txt (appended as it goes), last line
 # "LAYOUTS: OK|FAIL (n/m)".
-# env: BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 12), ITERS_1B (12), WARM (3), LAYOUTS (space-separated
+# env: BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 30), ITERS_1B (30), PAR (4), WARM (3), LAYOUTS (space-separated
 #      subset of the names below; default all that fit the GPUs), LLAMA3_TOK (dir with the real Llama-3
 #      tokenizer.json; or LLAMA3_TIKTOKEN=tokenizer.model + LLAMA3_CONVERT=convert_llama3_tokenizer.py to build it;
 #      else the tiny tokenizer is used and the summary says so), LAYOUTS_TEXT (a text file for the 1B data; else
@@ -41,8 +43,8 @@ SUMPY="env LOGDIR=$OUT python3 $REPO/tests/gpu/summarize.py"
 CHECK="python3 $REPO/tests/gpu/critic_checks.py"
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 LTOL=${LTOL:-1e-2}
-ITERS=${ITERS:-12}
-ITERS_1B=${ITERS_1B:-12}
+ITERS=${ITERS:-30}
+ITERS_1B=${ITERS_1B:-30}
 WARM=${WARM:-3}
 R=$W/runs
 PASS=0
@@ -71,7 +73,7 @@ if [ -z "${LAYOUTS:-}" ]; then
   case $NGPU in
   0) LAYOUTS="" ;;
   1) LAYOUTS="stream1b" ;;
-  2 | 3) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" ;;
+  2 | 3) LAYOUTS="tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" ;;
   *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
   esac
 fi
@@ -87,7 +89,7 @@ TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_pat
 CRITIC_ARGS=(--model "$W/critic" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
   --template chatml --dataset "$W/reward.jsonl" --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42
   --attention_backend fused --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --torch_dtype bfloat16 --logging_steps 1
-  --train_iters 20 --save_steps 100000 --no_save_optim true --no_save_rng true --save_safetensors false
+  --train_iters "$ITERS" --save_steps 100000 --no_save_optim true --no_save_rng true --save_safetensors false
   --dataloader_num_workers 2 --dataset_num_proc 4)
 
 run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, logs $OUT/NAME.log, rc/secs in $R/NAME
@@ -103,7 +105,7 @@ run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, log
     return 1
   fi
   # own dataset caches: concurrent runs must not race on the same cache files
-  CUDA_VISIBLE_DEVICES=$gpus NPROC_PER_NODE=$n MASTER_PORT=$((29800 + RANDOM % 150)) \
+  CUDA_VISIBLE_DEVICES=$gpus NPROC_PER_NODE=$n MASTER_PORT=${RUN_PORT:-$((29800 + RANDOM % 150))} \
     HF_DATASETS_CACHE="$W/cache/$name/hf" MODELSCOPE_CACHE="$W/cache/$name/ms" \
     timeout -k 10 "$(cap "$capped")" megatron "$cmd" "$@" --output_dir "$od" ${EXTRA_PT_ARGS:-} >"$OUT/$name.log" 2>&1
   rc=$?
@@ -173,7 +175,7 @@ else:
     rng.shuffle(words)
     src = 'synthetic words'
 docs, i = [], 0
-while len(docs) < int(os.environ.get('DOCS_1B', 400)):  # ~1.2 M words: enough rows for ITERS_1B steps of 8 x 8192 tokens with packing
+while len(docs) < int(os.environ.get('DOCS_1B', 1000)):  # ~3 M words: enough rows for 30 steps of 8 x 8192 tokens with packing
     n = rng.randint(maxlen // 40, maxlen // 2)  # words; ~1.3 Llama-3 tokens per word: documents fit max_length
     if i + n > len(words):
         i = 0
@@ -218,63 +220,117 @@ if want stream1b; then
 fi
 
 # ------------------------------------------------------------------------------- 2 GPUs: the tiny matrix
+# Every run of the matrix is independent until the comparisons, and a tiny-model run is ~55 s of start-up for a few
+# seconds of GPU work, so they run PAR at a time on the same 2 GPUs (all 1-GPU references first, with the first
+# wave). Correctness checks are unaffected; tokens/s of these runs is with PAR runs sharing the GPUs (the summary
+# says so), memory is per process.
 if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
-  say "== 1-GPU references (GPU0: THD default; GPU1: --packing true, then the critic), $(now)"
-  (run ref 0 150 pt -- "${TINY_ARGS[@]}" >"$W/ref.rc") &
-  P1=$!
-  (
-    if want cp2_zigzag_packed; then run ref_packed 1 150 pt -- "${TINY_ARGS[@]}" --packing true >"$W/ref_packed.rc"; fi
-    if want critic_dp2; then run critic_ref 1 150 sft -- "${CRITIC_ARGS[@]}" >"$W/critic_ref.rc"; fi
-  ) &
-  P2=$!
-  if want critic_engine_cp2; then
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 "$(cap 150)" torchrun --nproc_per_node 1 --master_port 29791 \
-      tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/engine_1gpu.json" >"$OUT/engine_1gpu.log" 2>&1
-    say "-- engine 1 GPU rc=$?"
+  PAR=${PAR:-4}
+  say "== 2-GPU matrix: references and layouts, $PAR 2-GPU runs at a time on GPUs 0,1 (tokens/s: shared GPUs), $(now)"
+  PIDS=()
+  spawn() { # spawn NAME GPUS CAP CMD -- args: `run` in the background on its own port; rc line in $W/NAME.rc
+    local name=$1
+    PORT_N=$((${PORT_N:-0} + 1))
+    (RUN_PORT=$((29600 + 7 * PORT_N)) run "$@" >"$W/$name.rc") &
+    PIDS+=($!)
+  }
+  engine() { # engine NAME GPUS NPROC [mg-kwargs]: tests/gpu/critic_checks.py (MegatronCritic) -> $OUT/NAME.json
+    local name=$1 gpus=$2 np=$3 kw=${4:-'{}'}
+    PORT_N=$((${PORT_N:-0} + 1))
+    (
+      CUDA_VISIBLE_DEVICES=$gpus timeout -k 10 "$(cap 200)" torchrun --nproc_per_node "$np" \
+        --master_port $((29600 + 7 * PORT_N)) tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/$name.json" \
+        --mg-kwargs "$kw" >"$OUT/$name.log" 2>&1
+      echo "rc=$?" >"$W/$name.rc"
+    ) &
+    PIDS+=($!)
+  }
+  # the 1B shape with the reference command's flags at TP2+SP against 1 GPU (both --streaming): a chain of its own
+  # (model and data first, then both runs at once), waited for at the end
+  P1B=
+  if want tp2_sp_1b; then
+    (
+      make_1b
+      # shellcheck disable=SC2046
+      (RUN_PORT=29590 run ref_1b 1 300 pt -- $(ARGS_1B) --streaming true >"$W/ref_1b.rc") &
+      # shellcheck disable=SC2046
+      (RUN_PORT=29595 run tp2_sp_1b 0,1 300 pt -- $(ARGS_1B) --streaming true --tensor_model_parallel_size 2 \
+        --sequence_parallel true >"$W/tp2_sp_1b.rc") &
+      wait
+    ) &
+    P1B=$!
   fi
-  wait $P1 $P2
-  say "-- ref $(cat "$W/ref.rc"), ref_packed $(cat "$W/ref_packed.rc" 2>/dev/null), critic_ref $(cat "$W/critic_ref.rc" 2>/dev/null); $(now)"
+  # the 1-GPU references (THD default on GPU 0; --packing and the critic on GPU 1)
+  spawn ref 0 200 pt -- "${TINY_ARGS[@]}"
+  want cp2_zigzag_packed && spawn ref_packed 1 200 pt -- "${TINY_ARGS[@]}" --packing true
+  want critic_dp2 && spawn critic_ref 1 200 sft -- "${CRITIC_ARGS[@]}"
+  want critic_engine_cp2 && engine engine_1gpu 0 1
+  # the 2-GPU layouts: NAME|REF|LABEL|flags (REF '-' = checked on its own below)
+  MATRIX=(
+    "tp2_sp|ref|TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
+    "cp2_zigzag_packed|ref_packed|CP2 zigzag, --packing true|--context_parallel_size 2 --packing true"
+    "cp2_thd|ref|CP2 zigzag, padding-free (THD)|--context_parallel_size 2"
+    "cp2_contiguous|-|CP2 contiguous (must be refused)|--context_parallel_size 2 --cp_partition_mode contiguous"
+    "pp2_vpp2|ref|PP2+VPP2 (4 layers: 1 per virtual stage)|--pipeline_model_parallel_size 2 --virtual_pipeline_model_parallel_size 2"
+    "dp2|ref|DP2 (same global batch 8)|"
+    "critic_dp2|critic_ref|critic DP2 (scalar rewards)|"
+    "critic_engine_cp2|engine_1gpu|critic engine CP2 (MegatronCritic)|"
+  )
+  n_live=${#PIDS[@]}
+  for entry in "${MATRIX[@]}"; do
+    IFS='|' read -r name ref label flags <<<"$entry"
+    want "$name" || continue
+    if [ "$n_live" -ge "$((PAR + 4))" ]; then # refs count as up to 4 more: wait for this wave
+      wait "${PIDS[@]}"
+      PIDS=()
+      n_live=0
+      say "-- wave done, $(now)"
+    fi
+    # shellcheck disable=SC2086
+    case $name in
+    critic_dp2) spawn critic_dp2 0,1 200 sft -- "${CRITIC_ARGS[@]}" ;;
+    critic_engine_cp2) engine engine_cp2 0,1 2 '{"context_parallel_size": 2}' ;;
+    *) spawn "$name" 0,1 200 pt -- "${TINY_ARGS[@]}" $flags ;;
+    esac
+    n_live=$((n_live + 1))
+  done
+  wait "${PIDS[@]}" $P1B
+  say "-- all runs done, $(now)"
+  for f in "$W"/*.rc; do say "   $(basename "$f" .rc): $(cat "$f")"; done
   $SUMPY curve "   ref curve" "$R/ref" "$OUT/ref.log" 2>&1 | tee -a "$SUM"
 
-  two() { # two NAME REF LABEL -- args: a 2-GPU PLT run compared with REF
-    local name=$1 ref=$2 label=$3
-    shift 4
-    if want "$name"; then
-      say "== $label, $(now): $(run "$name" 0,1 150 pt -- "${TINY_ARGS[@]}" "$@")"
-      compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK"
-    fi
-  }
-  two tp2_sp ref "TP2+SP" -- --tensor_model_parallel_size 2 --sequence_parallel true
-  two cp2_zigzag_packed ref_packed "CP2 zigzag, --packing true" -- --context_parallel_size 2 --packing true
-  two cp2_thd ref "CP2 zigzag, padding-free (THD)" -- --context_parallel_size 2
-  if want cp2_contiguous; then # refused at K>1 (README, Context parallel): must fail before step 1 with the message
-    run cp2_contiguous 0,1 120 pt -- "${TINY_ARGS[@]}" --context_parallel_size 2 --cp_partition_mode contiguous >/dev/null
-    if [ "$(cat "$R/cp2_contiguous/rc")" != 0 ] && grep -q -F -- '--cp_partition_mode contiguous with --context_parallel_size > 1' "$OUT/cp2_contiguous.log" &&
-      ! grep -q "'loss'" "$OUT/cp2_contiguous.log"; then
-      say "-- CP2 contiguous: refused before step 1 with the message (expected)"
-      verdict 0
-    else
-      say "-- CP2 contiguous: NOT refused as expected (see cp2_contiguous.log)"
-      verdict 1
-    fi
-  fi
-  two pp2_vpp2 ref "PP2+VPP2 (4 layers: 1 per virtual stage)" -- --pipeline_model_parallel_size 2 \
-    --virtual_pipeline_model_parallel_size 2
-  two dp2 ref "DP2 (same global batch 8)" --
-  if want critic_dp2; then
-    say "== critic DP2, $(now): $(run critic_dp2 0,1 150 sft -- "${CRITIC_ARGS[@]}")"
-    # critic_checks --cp is the generic "2-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
-    $CHECK --cp "critic DP2 (scalar rewards)" "$OUT/critic_ref.log" "$OUT/critic_dp2.log" --ltol "$LTOL" \
-      --min-drop 0.7 2>&1 | sed 's/^CP /DP2 /' | tee -a "$SUM"
-    verdict $?
-  fi
-  if want critic_engine_cp2; then
-    CUDA_VISIBLE_DEVICES=0,1 timeout -k 10 "$(cap 150)" torchrun --nproc_per_node 2 --master_port 29792 \
-      tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/engine_cp2.json" \
-      --mg-kwargs '{"context_parallel_size": 2}' >"$OUT/engine_cp2.log" 2>&1
-    say "== critic engine CP2 rc=$? (MegatronCritic; CP support: see cp's branch), $(now)"
-    $CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_cp2.json" 2>&1 | tee -a "$SUM"
-    verdict $?
+  for entry in "${MATRIX[@]}"; do
+    IFS='|' read -r name ref label flags <<<"$entry"
+    want "$name" || continue
+    case $name in
+    cp2_contiguous) # refused at K>1 (README, Context parallel): must fail before step 1 with the message
+      if [ "$(cat "$R/cp2_contiguous/rc")" != 0 ] &&
+        grep -q -F -- '--cp_partition_mode contiguous with --context_parallel_size > 1' "$OUT/cp2_contiguous.log" &&
+        ! grep -q "'loss'" "$OUT/cp2_contiguous.log"; then
+        say "-- CP2 contiguous: refused before step 1 with the message (expected)"
+        verdict 0
+      else
+        say "-- CP2 contiguous: NOT refused as expected (see cp2_contiguous.log)"
+        verdict 1
+      fi
+      ;;
+    critic_dp2) # critic_checks --cp is the generic "2-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
+      say "-- $label vs 1 GPU"
+      $CHECK --cp "critic DP2 (scalar rewards)" "$OUT/critic_ref.log" "$OUT/critic_dp2.log" --ltol "$LTOL" \
+        --min-drop 0.7 2>&1 | sed 's/^CP /DP2 /' | tee -a "$SUM"
+      verdict $?
+      ;;
+    critic_engine_cp2)
+      say "-- $label vs 1 GPU: $(cat "$W/engine_1gpu.rc" 2>/dev/null) / $(cat "$W/engine_cp2.rc" 2>/dev/null)"
+      $CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_cp2.json" 2>&1 | tee -a "$SUM"
+      verdict $?
+      ;;
+    *) compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK" ;;
+    esac
+  done
+  if want tp2_sp_1b; then
+    compare "1B shape, --packing --streaming --max_length ${MAXLEN_1B:-8192} K=4: TP2+SP vs 1 GPU" ref_1b tp2_sp_1b \
+      "$TOK_1B"
   fi
 fi
 
