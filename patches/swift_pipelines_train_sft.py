@@ -5,7 +5,8 @@
   not a critic, the template does nothing extra). The template travels to dataset workers with its attributes.
 * ``_post_process_datasets`` (both backends; it receives the loaded train/val data sets right before ms-swift wraps
   them for lazy encoding / packing / streaming): at K > 1, the PLT data report (swift_plt.data_report): the first
-  documents of each data set (all up to SWIFT_PLT_REPORT_DOCS, default 100,000; streaming: 10,000) encoded by the
+  documents of each data set (all up to SWIFT_PLT_REPORT_DOCS, default 1,000, else that many evenly spaced; streaming:
+  the first 1,000) encoded by the
   run's template at K=1 and at K, printed before step 1, kept as OUTPUT_DIR/plt_data_report.json; a train set in
   which no document carries a loss is refused, a low effective fraction warned about. K=1: upstream, untouched.
 """
@@ -75,15 +76,16 @@ def _encode_pairs(template, rows, k):
             yield k1, enc
 
 
-def _first_rows(dataset, n):
-    """The first n rows (all if n is None), whether the data set is sampled, its size if known."""
+def _sample_rows(dataset, n):
+    """n rows evenly spaced over the data set (all if n is None or it has no more; a streaming one: its first n),
+    whether the data set is sampled, its size if known."""
     try:
         total = len(dataset)
     except TypeError:  # streaming
         total = None
     if total is not None:
         count = total if n is None else min(n, total)
-        return (dataset[i] for i in range(count)), count < total, total
+        return (dataset[i * total // count] for i in range(count)), count < total, total
     rows = iter(dataset)
     return (rows if n is None else itertools.islice(rows, n)), n is not None, None
 
@@ -95,13 +97,13 @@ def plt_data_report(args, template, datasets, k):
                                        min_fraction_from_env, write_reports)
     logger = get_logger()
     min_fraction = min_fraction_from_env()
-    n = max_docs_from_env(bool(getattr(args, 'streaming', False)))
+    n = max_docs_from_env()
     reports = []
     start = time.perf_counter()
     for split, dataset in zip(('train', 'val'), datasets):
         if dataset is None or (split == 'val' and getattr(args, 'predict_with_generate', False)):
             continue
-        rows, sampled, total = _first_rows(dataset, n)
+        rows, sampled, total = _sample_rows(dataset, n)
         rows = iter(rows)
         first = next(rows, None)
         if first is None:

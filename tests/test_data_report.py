@@ -1,6 +1,7 @@
 """PLT data report (swift_plt.data_report) against brute-force counts written the obvious way; the report glue of
 patches/swift_pipelines_train_sft.py through ms-swift's real template (in process); the step checks."""
 import json
+import os
 import random
 
 import pytest
@@ -107,7 +108,11 @@ def test_no_loss_train_set_is_refused_with_advice():
         check_report(r, 0.8)
     r.sampled = True  # streaming: only the first documents were seen -> warned, the step check stops the run
     (w, ) = check_report(r, 0.8)
-    assert 'none of the first 5 documents' in w
+    assert 'none of the first 5 documents counted' in w
+    r.total_documents = 50  # a sample of a sized data set: also warned
+    (w, ) = check_report(r, 0.8)
+    assert 'none of the 5 documents counted of the train data set' in w
+    r.total_documents = None
     r.sampled, r.split = False, 'val'
     assert len(check_report(r, 0.8)) == 1
 
@@ -137,10 +142,10 @@ def test_summary_and_json(tmp_path):
 
 def test_env_settings():
     assert min_fraction_from_env({}) == 0.8 and min_fraction_from_env({'SWIFT_PLT_MIN_LOSS_FRACTION': '0.5'}) == 0.5
-    assert max_docs_from_env(False, {}) == 100_000 and max_docs_from_env(True, {}) == 10_000
-    assert max_docs_from_env(False, {'SWIFT_PLT_REPORT_DOCS': '0'}) is None
+    assert max_docs_from_env({}) == 1_000 and max_docs_from_env({'SWIFT_PLT_REPORT_DOCS': '7'}) == 7
+    assert max_docs_from_env({'SWIFT_PLT_REPORT_DOCS': '0'}) is None
     with pytest.raises(ValueError, match='SWIFT_PLT_REPORT_DOCS'):
-        max_docs_from_env(False, {'SWIFT_PLT_REPORT_DOCS': 'x'})
+        max_docs_from_env({'SWIFT_PLT_REPORT_DOCS': 'x'})
 
 
 def test_step_check():
@@ -337,6 +342,19 @@ def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
     finally:
         template.plt_patch_size = 1
     assert s.sampled and s.total_documents is None and s.loss_tokens == r.loss_tokens
+    # more documents than SWIFT_PLT_REPORT_DOCS: that many, evenly spaced (rows 0, 2, 4 of 6), said so
+    template.plt_patch_size = k
+    try:
+        os.environ['SWIFT_PLT_REPORT_DOCS'] = '3'
+        (e, ) = plt_data_report(Args, template, [Dataset.from_list(_rows(texts)), None], k)
+    finally:
+        template.plt_patch_size = 1
+        del os.environ['SWIFT_PLT_REPORT_DOCS']
+    picked = [brute(template.encode(row)['labels'], k) for row in _rows(texts[0:6:2])]
+    assert e.sampled and e.total_documents == 6 and e.documents == 3 and e.skipped == 0
+    assert (e.tokens, e.pad_tokens, e.loss_tokens_k1, e.loss_tokens) == tuple(sum(x[i] for x in picked)
+                                                                              for i in range(4))
+    assert '3 of 6 documents, evenly spaced' in e.summary()
     # a train set of short documents is refused
     template.plt_patch_size = k
     try:

@@ -175,6 +175,7 @@ def main():
     spec('b2', nb1, N - nb1, T, spec('b1', 0, nb1, K * T, 0))
     nc1 = plan_c.stage1.budget_tokens
     spec('c2', nc1, 2 * N - nc1, T, spec('c1', 0, nc1, K * T, 0))
+    specs = [sp for sp in specs if sp[0] in a.runs]  # only the files of the runs asked for (same cuts as always)
     data = os.path.join(a.work, 'data')
     cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
                                  str(2 * N), '--spec', sp, '--stats', f'data_stats_{sp.split(":")[0]}.json'])
