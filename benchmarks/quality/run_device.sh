@@ -4,7 +4,8 @@
 #     QUAL_KIT=path/to/kit bash benchmarks/quality/run_device.sh
 # -> $OUT: run.log, results.md, results.json, quality.png, logs.tar.xz (raw logs: every stage's logging.jsonl,
 #    gpu_time.json, megatron/export logs, plan, runner summary; eval.jsonl, meta.json, setup.log)
-# env: QUAL_BUDGET (seconds for the whole call, default 530), QUAL_ARGS (extra run.py flags), QUAL_WORK.
+# env: QUAL_BUDGET (seconds for the whole call, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
+#      110), QUAL_ARGS (extra run.py flags), QUAL_WORK.
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
@@ -27,7 +28,7 @@ GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
   echo "setup: t=$((SECONDS - T0))s"
   # training + exports get what is left after set-up, minus ~80 s for eval, report and bundling
   python3 benchmarks/quality/run.py --kit "$QKIT" --work "$W" --out "$W/report" \
-    --deadline $((BUDGET - (SECONDS - T0) - 110)) ${QUAL_ARGS:-}
+    --deadline $((BUDGET - (SECONDS - T0) - ${QUAL_RESERVE:-110})) ${QUAL_ARGS:-}
   echo "run.py rc=$? t=$((SECONDS - T0))s"
 } 2>&1 | tee "$OUT/run.log"
 # raw logs, without checkpoints, models or training data
