@@ -52,3 +52,30 @@ def test_overlap_finds_the_start_ups_inside_the_timed_steps():
     assert got['a'] == (500.0, 120.0, 130.0, [])  # b and c: start-ups over by 60 s / not begun
     assert got['b'] == (600.0, 170.0, 180.0, [('c', 10.0)])  # c starts at 150 and is up at 180
     assert got['c'] == (700.0, 210.0, 220.0, [])
+
+
+def test_quality_documents_cut_long_paragraphs_and_keep_every_word(tmp_path):
+    """benchmarks/quality/prepare_data.py: a paragraph over 2 x doc_chars (the KJV file has no blank line: it was one
+    document of 1.07 M tokens) is cut at line ends, an over-long line at spaces; brute force on random files: every
+    document is at most doc_chars + 2 x doc_chars long (its blank-line separators aside), only a file's last one is shorter than doc_chars, and the
+    documents of a file hold its words in order."""
+    import random
+    prep = _load('_prep_data', 'benchmarks', 'quality', 'prepare_data.py')
+    rng = random.Random(0)
+    doc_chars = 50
+    for case in range(60):
+        paras = []
+        for _ in range(rng.randint(1, 8)):
+            lines = [' '.join('w%d' % rng.randint(0, 99) for _ in range(rng.choice([1, 3, 10, 40])))
+                     for _ in range(rng.choice([1, 2, 30]))]
+            paras.append('\n'.join(lines))
+        d = tmp_path / str(case)
+        d.mkdir()
+        (d / 'f.txt').write_text('\n\n'.join(paras))
+        docs = prep.documents(str(d), doc_chars)
+        assert [i for i, _ in docs] == [f'f:{n}' for n in range(len(docs))]
+        assert all(len(t) - 2 * t.count('\n\n') <= 3 * doc_chars for _, t in docs)  # paragraphs < dc + 2 dc
+        assert all(len(t) >= doc_chars for _, t in docs[:-1])
+        assert ' '.join(t for _, t in docs).split() == ' '.join(paras).split()
+    long_para = '\n'.join('verse %d ' % i + 'x' * 30 for i in range(100))  # one 4 KB paragraph, no blank line
+    assert len(prep.pieces(long_para, doc_chars)) > 20 and prep.pieces('short', doc_chars) == ['short']
