@@ -31,7 +31,9 @@
 #      MBS-4 round's plt1 and plt4 run step n under torch.profiler; n = ITERS + 1 profiles after the timed steps),
 #      MODEL_DIR (reuse), REPEAT (5: copies of the text for K=4; 192 rows of 8192 tokens), REPEAT_K1 (2: for K=1),
 #      DATASET_NUM_PROC (default: start cores / (LOOKAHEAD - 1), at most 8), TRAIN_CPUS / START_CPUS (override),
-#      SWIFT_PLT_REPORT_DOCS (200).
+#      SWIFT_PLT_REPORT_DOCS (200), ROTATE (1: round i runs the names rotated by i, A B C / B C A / C A B),
+#      WARMUP_RUN (1: one run of the first name before round 1, round 0, not in any ratio: the machine's first run
+#      was 9 % slower than later ones on the H200 of 2026-11-23).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 1
@@ -76,6 +78,7 @@ ELAPSED=$(python3 -c "import time; print(time.time() - $T0)")
 echo "TPUT setup done after ${ELAPSED%.*} s"
 python3 benchmarks/tput_launch.py --work "$W" --model "$MODEL" --data-k1 "$W/text_k1.jsonl" --data-k4 "$W/text_k4.jsonl" \
   --names "$RUNS" --rounds "$ROUNDS" --rounds-m8 "$ROUNDS_M8" --first-round "$FIRST_ROUND" ${M8_AFTER:+--m8-after "$M8_AFTER"} --mbs "$MBS" --gbs "$GBS" \
+  $([ "${ROTATE:-1}" = 1 ] && echo --rotate) $([ "${WARMUP_RUN:-1}" = 1 ] && echo --warmup) \
   --iters "$ITERS" --profile-step "$PROFILE_STEP" --lookahead "$LOOKAHEAD" --turn-secs "$TURN_SECS" \
   --deadline "$(python3 -c "print($T0 + $BUDGET - 12)")" --wait-file "$MODEL/model.safetensors" \
   --fail-file "$W/model_failed" ${DATASET_NUM_PROC:+--dataset-num-proc "$DATASET_NUM_PROC"} \

@@ -65,13 +65,24 @@ def fmt_cpus(cpus):
     return ','.join(out)
 
 
-def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None):
+def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None, rotate=False, warmup=False):
     """Interleaved run list [(key, base, round, mbs)]: the MBS `mbs` rounds, with the MBS 8 rounds after the first
-    `m8_after` of them (default: after all), so that a budget cut drops the runs at the end of the list."""
+    `m8_after` of them (default: after all), so that a budget cut drops the runs at the end of the list.
+    rotate: round i (0-based, MBS 4 and MBS 8 counted apart) runs the names rotated left by i (A B C, B C A, C A B):
+    over len(names) rounds each run takes each place in a round once, so a place effect (e.g. the run after a given
+    one) does not fall on one run only. warmup: first an untimed-by-ratio run of names[0] at MBS `mbs`, round 0
+    (the first run on a fresh machine was 9 % slower than the same run later: H200, 2026-11-23)."""
     m8_after = rounds if m8_after is None else min(m8_after, rounds)
-    main = [[(f'{n}_r{r}', n, r, mbs) for n in names] for r in range(first_round, first_round + rounds)]
-    m8 = [[(f'{n}_m8_r{r}', n, r, 8) for n in names] for r in range(first_round, first_round + rounds_m8)]
-    return [x for rnd in main[:m8_after] + m8 + main[m8_after:] for x in rnd]
+
+    def order(i):
+        j = i % len(names) if rotate else 0
+        return names[j:] + names[:j]
+
+    main = [[(f'{n}_r{r}', n, r, mbs) for n in order(i)] for i, r in enumerate(range(first_round, first_round + rounds))]
+    m8 = [[(f'{n}_m8_r{r}', n, r, 8) for n in order(i)]
+          for i, r in enumerate(range(first_round, first_round + rounds_m8))]
+    head = [[(f'{names[0]}_r0', names[0], 0, mbs)]] if warmup else []  # round 0: alone, in no ratio
+    return [x for rnd in head + main[:m8_after] + m8 + main[m8_after:] for x in rnd]
 
 
 def _children():
@@ -130,7 +141,7 @@ class Launcher:
         self.a = a
         self.t0 = time.time()
         self.runs = [Run(i, *x) for i, x in enumerate(plan(a.names.split(), a.rounds, a.rounds_m8, a.mbs,
-                                                           a.first_round, a.m8_after))]
+                                                           a.first_round, a.m8_after, a.rotate, a.warmup))]
         self.turn_file = os.path.join(a.work, 'turn')
         os.makedirs(os.path.join(a.work, 'runs'), exist_ok=True)
         os.makedirs(os.path.join(a.work, 'probes'), exist_ok=True)
@@ -389,6 +400,8 @@ def main(argv=None):
     ap.add_argument('--rounds-m8', type=int, default=1)
     ap.add_argument('--first-round', type=int, default=1)
     ap.add_argument('--m8-after', type=int, default=None, help='MBS-4 rounds before the MBS 8 rounds (default: all)')
+    ap.add_argument('--rotate', action='store_true', help='rotate the order of the names from round to round')
+    ap.add_argument('--warmup', action='store_true', help='one run of the first name before round 1 (round 0)')
     ap.add_argument('--mbs', type=int, default=4)
     ap.add_argument('--gbs', type=int, default=16)
     ap.add_argument('--iters', type=int, default=12)

@@ -305,3 +305,11 @@ def test_plan_order():
     assert keys(tput_launch.plan(['a', 'b'], 3, 1, 4, m8_after=2)) == [
         'a_r1', 'b_r1', 'a_r2', 'b_r2', 'a_m8_r1', 'b_m8_r1', 'a_r3', 'b_r3']
     assert [m for *_, m in tput_launch.plan(['a'], 2, 1, 4, m8_after=1)] == [4, 8, 4]
+    # rotated: every name takes every place once over len(names) rounds, MBS 8 rounds rotated on their own
+    p = tput_launch.plan(['a', 'b', 'c'], 3, 2, 4, m8_after=2, rotate=True, warmup=True)
+    assert keys(p) == ['a_r0', 'a_r1', 'b_r1', 'c_r1', 'b_r2', 'c_r2', 'a_r2', 'a_m8_r1', 'b_m8_r1', 'c_m8_r1',
+                       'b_m8_r2', 'c_m8_r2', 'a_m8_r2', 'c_r3', 'a_r3', 'b_r3']
+    assert p[0] == ('a_r0', 'a', 0, 4)
+    rounds = [[b for _, b, r, m in p if r == i and m == 4] for i in (1, 2, 3)]
+    assert all(sorted(rnd) == ['a', 'b', 'c'] for rnd in rounds)
+    assert all(sorted(rnd[place] for rnd in rounds) == ['a', 'b', 'c'] for place in range(3))
