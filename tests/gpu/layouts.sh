@@ -262,7 +262,9 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   fi
   # the 1-GPU references (THD default on GPU 0; --packing and the critic on GPU 1)
   spawn ref 0 200 pt -- "${TINY_ARGS[@]}"
-  want cp2_zigzag_packed && spawn ref_packed 1 200 pt -- "${TINY_ARGS[@]}" --packing true
+  # the --packing reference pads documents as the CP2 run does, so it packs the same rows (tests/gpu/pack_as_cp)
+  want cp2_zigzag_packed && PYTHONPATH=$REPO/tests/gpu/pack_as_cp${PYTHONPATH:+:$PYTHONPATH} SWIFT_PLT_CPU_PACK_AS_CP=2 \
+    spawn ref_packed 1 200 pt -- "${TINY_ARGS[@]}" --packing true
   want critic_dp2 && spawn critic_ref 1 200 sft -- "${CRITIC_ARGS[@]}"
   want critic_engine_cp2 && engine engine_1gpu 0 1
   # the 2-GPU layouts: NAME|REF|LABEL|flags (REF '-' = checked on its own below)
