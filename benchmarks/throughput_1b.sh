@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `megatron pt` throughput the way users train: a random-init model with the exact Llama-3.2-1B config.json (llama3
 # RoPE scaling, tied embeddings), the real Llama-3 tokenizer, English text, --packing true, GBS 16, fused attention,
-# bf16, 1 GPU. Three runs, interleaved ROUNDS times at MBS 4 (A B C A B C ...), then ROUNDS_M8 times at MBS 8:
+# bf16, 1 GPU. Four runs, interleaved ROUNDS times at MBS 4 (A B C D, rotated: B C D A, ...), then ROUNDS_M8 times at MBS 8:
 #   A stock : --model_type llama, SWIFT_PLT_DISABLE=1 (the plugin off), --max_length 2048
 #   B plt1  : --model_type llama3_2_plt --patch_size 1, --max_length 2048
 #   C plt4  : --model_type llama3_2_plt --patch_size 4, --max_length 8192 (the same 2048 positions per sequence)
+#   D stock2: A again, the control: stock2/stock step time is the noise floor of a ratio of two runs
 # (names at MBS 8: stock_m8 plt1_m8 plt4_m8). The MBS 4 rounds come first, so a budget cut drops the MBS 8 runs first.
 #
 # Pipelined (benchmarks/tput_launch.py): up to LOOKAHEAD (3) processes are alive; they start up at once (imports,
@@ -24,7 +25,7 @@
 #   bash benchmarks/throughput_1b.sh     (device machine, repo root)
 # env: OUT, TPUT_WORK (/tmp/plt_tput), TOKENIZER_DIR (dir with tokenizer.json of Llama-3; required), TEXT (a .txt;
 #      default /work/shared/data/pd_extract_2mb.txt), ROUNDS (3), ROUNDS_M8 (1), ITERS (12), WARM (3), MBS (4),
-#      GBS (16), RUNS ("stock plt1 plt4"), FIRST_ROUND (1), M8_AFTER (ROUNDS: MBS-4 rounds before the MBS-8 rounds;
+#      GBS (16), RUNS ("stock plt1 plt4 stock2"), FIRST_ROUND (1), M8_AFTER (ROUNDS: MBS-4 rounds before the MBS-8 rounds;
 #      2 = A B C A B C A8 B8 C8 A B C), LOOKAHEAD (3), BUDGET (seconds from the start of this
 #      script, setup included; no run gets its turn with less than TURN_SECS (45, or the longest turn-to-exit seen)
 #      left; every process is killed at BUDGET - 12 s and the summary printed), PROFILE_STEP (0: off; n: the first
@@ -43,7 +44,7 @@ mkdir -p "$OUT"
 W=${TPUT_WORK:-/tmp/plt_tput}
 mkdir -p "$W/runs" "$W/probes"
 ROUNDS=${ROUNDS:-3} ROUNDS_M8=${ROUNDS_M8:-1} ITERS=${ITERS:-12} WARM=${WARM:-3} MBS=${MBS:-4} GBS=${GBS:-16}
-PROFILE_STEP=${PROFILE_STEP:-0} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-stock plt1 plt4} LOOKAHEAD=${LOOKAHEAD:-3}
+PROFILE_STEP=${PROFILE_STEP:-0} FIRST_ROUND=${FIRST_ROUND:-1} RUNS=${RUNS:-stock plt1 plt4 stock2} LOOKAHEAD=${LOOKAHEAD:-3}
 BUDGET=${BUDGET:-100000} TURN_SECS=${TURN_SECS:-45}
 TEXT=${TEXT:-/work/shared/data/pd_extract_2mb.txt}
 # the plugin's K>1 data report (start-up, not timed; it never changes the data) encodes 200 documents, not all 1,665

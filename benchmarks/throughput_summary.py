@@ -27,8 +27,8 @@ import statistics
 
 from tput_launch import fmt_cpus  # this directory (the scripts run as benchmarks/NAME.py)
 
-SEQ = {'stock': 2048, 'plt1': 2048, 'plt4': 8192}
-K = {'stock': 1, 'plt1': 1, 'plt4': 4}
+SEQ = {'stock': 2048, 'stock2': 2048, 'plt1': 2048, 'plt4': 8192}
+K = {'stock': 1, 'stock2': 1, 'plt1': 1, 'plt4': 4}
 N_PARAMS = 1_235_814_400
 L, D, T = 16, 2048, 2048
 FLOPS_PER_POSITION = 6 * N_PARAMS + 12 * L * D * T
@@ -96,14 +96,18 @@ def run_figures(rows, meta, warm, gbs):
 
 
 def ratios_by_mbs(figs):
-    """{mbs: {'plt4/stock': [per round], 'plt1/stock': [...], 'plt1/stock step time': [...]}}: each ratio of two runs
-    of the same MBS and the same round."""
+    """{mbs: {'plt4/stock': [per round], 'plt1/stock': [...], 'plt1/stock step time': [...], 'stock2/stock step
+    time': [...]}}: each ratio of two runs of the same MBS and the same round; stock2 (the same stock run again) gives
+    the noise floor the plt1/stock step-time ratio is read against."""
     out = {}
     keys = {(f['mbs'], r) for (n, r), f in figs.items() if f}
     for mbs, r in sorted(keys):
         by = {f['name']: f for (n, rr), f in figs.items() if f and rr == r and f['mbs'] == mbs}
-        d = out.setdefault(mbs, {'plt4/stock': [], 'plt1/stock': [], 'plt1/stock step time': []})
-        s, p1, p4 = by.get('stock'), by.get('plt1'), by.get('plt4')
+        d = out.setdefault(mbs, {'plt4/stock': [], 'plt1/stock': [], 'plt1/stock step time': [],
+                                 'stock2/stock step time': []})
+        s, p1, p4, s2 = by.get('stock'), by.get('plt1'), by.get('plt4'), by.get('stock2')
+        if s and s2:
+            d['stock2/stock step time'].append(s2['step_s_median'] / s['step_s_median'])
         if s and p4:
             d['plt4/stock'].append(p4['tokens_per_s'] / s['tokens_per_s'])
         if s and p1:

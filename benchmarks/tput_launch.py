@@ -40,6 +40,7 @@ BASES = {
     'plt4': (['--model_type', 'llama3_2_plt', '--custom_register_path', 'custom_model/llama.py', '--patch_size', '4'],
              '0', 4),
 }
+BASES['stock2'] = BASES['stock']  # the control: the same stock run again, so stock2/stock is the noise floor
 POSITIONS = 2048
 
 
@@ -186,7 +187,7 @@ class Launcher:
                '--no_save_rng', 'true', '--save_safetensors', 'false', '--split_dataset_ratio', '0',
                '--output_dir', od, '--dataloader_num_workers', '2', '--dataset_num_proc', str(a.dataset_num_proc),
                '--report_to', 'tensorboard', *a.extra_args.split()]
-        prof = a.profile_step if (a.profile_step and run.round == a.first_round and run.base != 'stock'
+        prof = a.profile_step if (a.profile_step and run.round == a.first_round and not run.base.startswith('stock')
                                   and run.mbs == a.mbs) else 0
         env = dict(os.environ)
         env.update({

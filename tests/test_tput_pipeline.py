@@ -313,3 +313,17 @@ def test_plan_order():
     rounds = [[b for _, b, r, m in p if r == i and m == 4] for i in (1, 2, 3)]
     assert all(sorted(rnd) == ['a', 'b', 'c'] for rnd in rounds)
     assert all(sorted(rnd[place] for rnd in rounds) == ['a', 'b', 'c'] for place in range(3))
+
+
+def test_ratios_by_mbs_pairs_runs_of_one_round_and_mbs_with_the_stock2_control():
+    f = lambda name, mbs, tps, step: dict(name=name, mbs=mbs, tokens_per_s=tps, step_s_median=step)  # noqa: E731
+    figs = {('stock', 1): f('stock', 4, 100.0, 0.50), ('plt1', 1): f('plt1', 4, 95.0, 0.55),
+            ('plt4', 1): f('plt4', 4, 390.0, 0.52), ('stock2', 1): f('stock2', 4, 98.0, 0.51),
+            ('stock', 0): f('stock', 4, 90.0, 0.60),  # the warm-up round: alone, in no ratio
+            ('stock_m8', 1): f('stock', 8, 200.0, 0.40), ('plt4_m8', 1): f('plt4', 8, 700.0, 0.46),
+            ('plt1', 2): None}
+    r = throughput_summary.ratios_by_mbs(figs)
+    assert r[4]['plt4/stock'] == [3.9] and r[4]['plt1/stock'] == [0.95]
+    assert r[4]['plt1/stock step time'] == [pytest.approx(1.1)] and r[4]['stock2/stock step time'] == [
+        pytest.approx(1.02)]
+    assert r[8]['plt4/stock'] == [3.5] and r[8]['stock2/stock step time'] == [] and r[8]['plt1/stock'] == []
