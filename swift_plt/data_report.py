@@ -166,20 +166,26 @@ def advice(patch_size: int) -> str:
 
 
 def check_report(report: DataReport, min_fraction: float) -> List[str]:
-    """Raise NoLossDataError when no counted document can carry a loss (the whole data set was counted); return
-    the warnings (a share of K=1's loss tokens below ``min_fraction``, a sample with no loss token)."""
+    """Raise NoLossDataError when no counted train document can carry a loss (the whole data set, or an even sample
+    of it, was counted); return the warnings (a share of K=1's loss tokens below ``min_fraction``; a streaming
+    train set or a val set with no loss token)."""
     k = report.patch_size
     warnings = []
     if report.documents and report.loss_tokens == 0:
-        first = '' if report.total_documents else 'first '
-        what = (f'none of the {first}{report.documents:,} documents counted of the {report.split} data set carries'
-                if report.sampled else f'no document of the {report.split} data set ({report.documents:,} documents) '
-                'carries')
+        if not report.sampled:
+            what = f'no document of the {report.split} data set ({report.documents:,} documents) carries'
+        elif report.total_documents:
+            what = (f'none of the {report.documents:,} documents counted ({MAX_DOCS_ENV}; evenly spaced over its '
+                    f'{report.total_documents:,}; {MAX_DOCS_ENV}=0 counts all) of the {report.split} data set carries')
+        else:
+            what = f'none of the first {report.documents:,} documents counted of the {report.split} data set carries'
         msg = (f'PLT (patch_size={k}): {what} a loss: a document of {k} tokens or fewer has no patch that '
                f'another patch predicts (the first patch of every document is never predicted), and '
                f'{report.documents_without_loss:,} of {report.documents:,} are that short after encoding. '
                + advice(k))
-        if not report.sampled and report.split == 'train':
+        # refused before step 1 when the whole train set, or an even sample of it, has no loss token; a streaming
+        # one (its first documents only) is warned about, and the step check stops the run at its first empty step
+        if report.split == 'train' and (not report.sampled or report.total_documents):
             raise NoLossDataError(msg)
         warnings.append(msg)
         return warnings
