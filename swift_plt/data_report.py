@@ -178,7 +178,7 @@ def check_report(report: DataReport, min_fraction: float) -> List[str]:
             what = (f'none of the {report.documents:,} documents counted ({MAX_DOCS_ENV}; evenly spaced over its '
                     f'{report.total_documents:,}; {MAX_DOCS_ENV}=0 counts all) of the {report.split} data set carries')
         else:
-            what = f'none of the first {report.documents:,} documents counted of the {report.split} data set carries'
+            what = f'none of the first {report.documents:,} documents of the {report.split} data set carries'
         msg = (f'PLT (patch_size={k}): {what} a loss: a document of {k} tokens or fewer has no patch that '
                f'another patch predicts (the first patch of every document is never predicted), and '
                f'{report.documents_without_loss:,} of {report.documents:,} are that short after encoding. '

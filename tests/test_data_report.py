@@ -108,7 +108,7 @@ def test_no_loss_train_set_is_refused_with_advice():
         check_report(r, 0.8)
     r.sampled = True  # streaming: only the first documents were seen -> warned, the step check stops the run
     (w, ) = check_report(r, 0.8)
-    assert 'none of the first 5 documents counted' in w
+    assert 'none of the first 5 documents of the train data set carries a loss' in w
     r.total_documents = 50  # an even sample of a sized data set: refused, saying how to count all
     with pytest.raises(NoLossDataError, match=r'none of the 5 documents counted \(SWIFT_PLT_REPORT_DOCS; evenly '
                        r'spaced over its 50; SWIFT_PLT_REPORT_DOCS=0 counts all\) of the train data set carries a loss'):
