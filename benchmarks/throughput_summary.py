@@ -27,8 +27,8 @@ import statistics
 
 from tput_launch import fmt_cpus  # this directory (the scripts run as benchmarks/NAME.py)
 
-SEQ = {'stock': 2048, 'stock2': 2048, 'plt1': 2048, 'plt4': 8192}
-K = {'stock': 1, 'stock2': 1, 'plt1': 1, 'plt4': 4}
+SEQ = {'stock': 2048, 'plt1': 2048, 'plt4': 8192}
+K = {'stock': 1, 'plt1': 1, 'plt4': 4}
 N_PARAMS = 1_235_814_400
 L, D, T = 16, 2048, 2048
 FLOPS_PER_POSITION = 6 * N_PARAMS + 12 * L * D * T

@@ -35,8 +35,7 @@ def pieces(para, doc_chars):
     """A paragraph of at most 2 * doc_chars characters as is; a longer one cut at line ends (a line longer than
     doc_chars at spaces, the space becoming a line end) into pieces of doc_chars to 2 * doc_chars characters (the
     last may be shorter), in order: the words and their order are kept."""
-    cap = 2 * doc_chars
-    if len(para) <= cap:
+    if len(para) <= 2 * doc_chars:
         return [para]
     lines = []
     for line in para.split('\n'):

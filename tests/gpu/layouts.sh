@@ -278,14 +278,14 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "critic_dp2|critic_ref|critic DP2 (scalar rewards)|"
     "critic_engine_cp2|engine_1gpu|critic engine CP2 (MegatronCritic)|"
   )
-  n_live=${#PIDS[@]}
+  n_wave=0 # 2-GPU runs in this wave (the first wave also has the references)
   for entry in "${MATRIX[@]}"; do
     IFS='|' read -r name ref label flags <<<"$entry"
     want "$name" || continue
-    if [ "$n_live" -ge "$((PAR + 4))" ]; then # refs count as up to 4 more: wait for this wave
+    if [ "$n_wave" -ge "$PAR" ]; then
       wait "${PIDS[@]}"
       PIDS=()
-      n_live=0
+      n_wave=0
       say "-- wave done, $(now)"
     fi
     # shellcheck disable=SC2086
@@ -294,7 +294,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     critic_engine_cp2) engine engine_cp2 0,1 2 '{"context_parallel_size": 2}' ;;
     *) spawn "$name" 0,1 200 pt -- "${TINY_ARGS[@]}" $flags ;;
     esac
-    n_live=$((n_live + 1))
+    n_wave=$((n_wave + 1))
   done
   wait "${PIDS[@]}" $P1B
   say "-- all runs done, $(now)"
