@@ -79,7 +79,8 @@ def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None, rotate=Fal
         j = i % len(names) if rotate else 0
         return names[j:] + names[:j]
 
-    main = [[(f'{n}_r{r}', n, r, mbs) for n in order(i)] for i, r in enumerate(range(first_round, first_round + rounds))]
+    main = [[(f'{n}_r{r}', n, r, mbs) for n in order(i)]
+            for i, r in enumerate(range(first_round, first_round + rounds))]
     m8 = [[(f'{n}_m8_r{r}', n, r, 8) for n in order(i)]
           for i, r in enumerate(range(first_round, first_round + rounds_m8))]
     head = [[(f'{names[0]}_r0', names[0], 0, mbs)]] if warmup else []  # round 0: alone, in no ratio

@@ -57,8 +57,8 @@ def test_overlap_finds_the_start_ups_inside_the_timed_steps():
 def test_quality_documents_cut_long_paragraphs_and_keep_every_word(tmp_path):
     """benchmarks/quality/prepare_data.py: a paragraph over 2 x doc_chars (the KJV file has no blank line: it was one
     document of 1.07 M tokens) is cut at line ends, an over-long line at spaces; brute force on random files: every
-    document is at most doc_chars + 2 x doc_chars long (its blank-line separators aside), only a file's last one is shorter than doc_chars, and the
-    documents of a file hold its words in order."""
+    document is at most doc_chars + 2 x doc_chars long (its blank-line separators aside), only a file's last one is
+    shorter than doc_chars, and the documents of a file hold its words in order."""
     import random
     prep = _load('_prep_data', 'benchmarks', 'quality', 'prepare_data.py')
     rng = random.Random(0)

@@ -111,12 +111,12 @@ def test_no_loss_train_set_is_refused_with_advice():
     assert 'none of the first 5 documents of the train data set carries a loss' in w
     r.total_documents = 50  # an even sample of a sized data set: refused, saying how to count all
     with pytest.raises(NoLossDataError, match=r'none of the 5 documents counted \(SWIFT_PLT_REPORT_DOCS; evenly '
-                       r'spaced over its 50; SWIFT_PLT_REPORT_DOCS=0 counts all\) of the train data set carries a loss'):
+                       r'spaced over its 50; SWIFT_PLT_REPORT_DOCS=0 counts all\) of the train data set carries '
+                       r'a loss'):
         check_report(r, 0.8)
     r.split = 'val'  # a val set: warned
     assert len(check_report(r, 0.8)) == 1
-    r.total_documents, r.split = None, 'train'
-    r.sampled, r.split = False, 'val'
+    r.total_documents, r.sampled = None, False
     assert len(check_report(r, 0.8)) == 1
 
 
