@@ -5,7 +5,8 @@
 # -> $OUT: run.log, results.md, results.json, quality.png, logs.tar.xz (raw logs: every stage's logging.jsonl,
 #    gpu_time.json, megatron/export logs, plan, runner summary; eval.jsonl, meta.json, setup.log)
 # env: QUAL_BUDGET (seconds for the whole call, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
-#      110), QUAL_ARGS (extra run.py flags), QUAL_WORK.
+#      110), QUAL_ARGS (extra run.py flags), QUAL_WORK, QUAL_TRACEBACK_EVERY (seconds: every Python process started
+#      after set-up dumps all its threads' stacks to runs/tb/PID.txt that often: for a run that hangs).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
@@ -26,6 +27,12 @@ GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
     python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$W/setup.log" 2>&1 ||
     { echo "pip install FAILED"; exit 1; }
   echo "setup: t=$((SECONDS - T0))s"
+  if [ -n "${QUAL_TRACEBACK_EVERY:-}" ]; then
+    mkdir -p "$W/runs/tb"
+    echo "import faulthandler, os; faulthandler.dump_traceback_later(${QUAL_TRACEBACK_EVERY}, repeat=True, \
+file=open(os.path.join('$W/runs/tb', '%d.txt' % os.getpid()), 'w'))" \
+      >"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_qual_traceback.pth"
+  fi
   # training + exports get what is left after set-up, minus ~80 s for eval, report and bundling
   python3 benchmarks/quality/run.py --kit "$QKIT" --work "$W" --out "$W/report" \
     --deadline $((BUDGET - (SECONDS - T0) - ${QUAL_RESERVE:-110})) ${QUAL_ARGS:-}
