@@ -5,6 +5,7 @@ import json
 import os
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
@@ -97,3 +98,18 @@ def test_gpu_pack_as_cp_site_applies_harness_p15_only_when_asked():
         out[cp] = proc.stdout.split()
     assert out['2'][0].endswith(os.path.join('tests', 'harness', 'patches.py'))
     assert 'swift_template' in out['2'][1] and 'swift_template' in out[''][0]  # P15 wraps swift-plt's patch
+
+
+def test_quality_run_names_give_k_and_lambda_and_refuse_the_rest():
+    from fractions import Fraction
+    v = _load('quality_variants', 'benchmarks', 'quality', 'variants.py')
+    assert v.parse_run('a') == ('a', 1, Fraction(0))
+    assert v.parse_run('b') == ('b', 4, Fraction(2, 3))
+    assert v.parse_run('c') == ('c', 4, Fraction(2, 3))
+    assert v.parse_run('b_k2') == ('b', 2, Fraction(2, 3))
+    assert v.parse_run('c_l34') == ('c', 4, Fraction(3, 4))
+    assert v.parse_run('b_k8_l12') == ('b', 8, Fraction(1, 2))
+    assert v.run_label('b_k2') == '(b) PLT K=2 λ=2/3, N' and v.run_label('c') == '(c) PLT K=4 λ=2/3, 2N'
+    for bad in ('d', 'a_k2', 'b_k1', 'b_l11', 'b_l32', 'b_l12_k2', 'b_k', 'bk2', 'B'):
+        with pytest.raises(ValueError, match='run'):
+            v.parse_run(bad)

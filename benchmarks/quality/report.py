@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from variants import run_label
+
 
 def read_jsonl(path):
     out = []
@@ -30,18 +32,26 @@ def stage_dirs(work, size, run):
     return [('patch', os.path.join(base, 'stage1_patch')), ('token', os.path.join(base, 'stage2_token'))]
 
 
+def run_shape(meta, run):
+    """(K, stage-1 sequences per step) of a run. Older meta.json files (runs a, b, c only) have one K and G1."""
+    v = meta.get('variants', {}).get(run)
+    if v:
+        return v['K'], v['G1']
+    return meta.get('K', 4), meta.get('G1', meta['G'])  # G1 absent: the first calls, --stage1_batch sequences
+
+
 def main():
     work, out = sys.argv[1], sys.argv[2]
     meta = json.load(open(os.path.join(out, 'meta.json')))
     evals = {e['name']: e for e in read_jsonl(os.path.join(out, 'eval.jsonl'))}
-    T, G, K = meta['T'], meta['G'], meta['K']
-    G1 = meta.get('G1', G)  # stage-1 sequences per step (run.py --stage1_batch; older runs: G)
+    T, G = meta['T'], meta['G']
     rows, curves = [], {}
     for size in meta['sizes']:
         m = meta['models'][size]
         F = 6 * (m['non_embedding_params'] + m['vocab'] * m['hidden']) + 6 * m['layers'] * m['hidden'] * T
         a_flops = F * meta['a_iters'] * G * T
         for run in meta['runs']:
+            K, G1 = run_shape(meta, run)
             stages, x0, g0, toks, gpu, steps = [], 0.0, 0.0, 0, 0.0, []
             for kind, d in stage_dirs(work, size, run):
                 L = T * (K if kind == 'patch' else 1)
@@ -94,7 +104,7 @@ def main():
             r['heldout_loss'] else None
     json.dump({'meta': meta, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'), indent=1, default=str)
 
-    names = {'a': '(a) token-level, N', 'b': '(b) PLT K=4 λ=2/3, N', 'c': '(c) PLT K=4 λ=2/3, 2N'}
+    names = {r['run']: run_label(r['run']) for r in rows}
 
     def f(v, fmt):
         return '—' if v is None else format(v, fmt)
@@ -145,6 +155,8 @@ def main():
     sizes = meta['sizes']
     fig, axes = plt.subplots(2, len(sizes), figsize=(6.5 * len(sizes), 9), squeeze=False)
     colors = {'a': 'tab:blue', 'b': 'tab:orange', 'c': 'tab:green'}
+    for i, run in enumerate(x for x in meta['runs'] if x not in colors):  # sweep variants
+        colors[run] = f'C{3 + i % 7}'
     for j, size in enumerate(sizes):
         for i, xkey in enumerate((0, 1)):
             ax = axes[i][j]

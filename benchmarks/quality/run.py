@@ -7,6 +7,7 @@ Per model size (make_models.py), on the same train-document stream and the same 
   (a) token-level baseline: `megatron pt --model_type llama --train_iters N/(G*T)`        (compute 1.0)
   (b) `swift-plt-two-stage --tokens N --patch_size 4 --lam 2/3`                             (compute ~0.5)
   (c) `swift-plt-two-stage --tokens 2N --patch_size 4 --lam 2/3`                            (compute ~1.0)
+  sweeps: b/c at another K or λ, e.g. --runs a b b_k2 b_l12 (variants.py)
 All runs: the same T, global batch, peak LR, LR schedule shape (warm-up 5% of the steps, cosine to 10% of the peak;
 stage 2 a fresh schedule with the same peak, as in the paper), seed. Data (make_run_data.py): (a) trains on the
 stream's tokens [0, N); (b) stage 1 on [0, λN) cut into rows of K*T tokens, stage 2 on [λN, N) in rows of T tokens,
@@ -28,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-from fractions import Fraction
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -131,7 +131,8 @@ def main():
     ap.add_argument('--lr', type=float, default=None)
     ap.add_argument('--logging_steps', type=int, default=5)
     ap.add_argument('--num_proc', type=int, default=2)
-    ap.add_argument('--runs', nargs='+', default=['a', 'b', 'c'])
+    ap.add_argument('--runs', nargs='+', default=['a', 'b', 'c'],
+                    help='a, b, c and sweep variants of b/c such as b_k2, b_k8, b_l12, c_l34 (variants.py)')
     ap.add_argument('--stage1_batch', default='tokens', choices=['tokens', 'sequences'],
                     help="the recipe's --stage1_batch: stage 1 takes G/K sequences of K*T tokens per step (tokens, "
                     "the paper's set-up and the recipe's default) or G (sequences)")
@@ -144,10 +145,11 @@ def main():
     a = ap.parse_args()
     sys.path.insert(0, REPO)
     from swift_plt.plan import make_plan
+    from variants import parse_run
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
-    K, lam, N, T, G = 4, Fraction(2, 3), a.tokens, a.seq, a.gbs
+    N, T, G = a.tokens, a.seq, a.gbs
 
     # models
     models = {}
@@ -159,10 +161,11 @@ def main():
             models[m['size']] = m
     print(f'models: {json.dumps(models)}', flush=True)
 
-    # plans and data
-    plan_b, plan_c = (make_plan(n, K, lam, seq_length=T, global_batch_size=G, stage1_batch=a.stage1_batch)
-                      for n in (N, 2 * N))
-    G1 = plan_b.stage1.global_batch_size
+    # plans and data: one plan per two-stage run (its K and λ: variants.py)
+    variants = {run: parse_run(run) for run in a.runs}
+    plans = {run: make_plan(N if base == 'b' else 2 * N, Kr, lam_r, seq_length=T, global_batch_size=G,
+                            stage1_batch=a.stage1_batch)
+             for run, (base, Kr, lam_r) in variants.items() if base != 'a'}
     a_iters = N // (G * T)
     specs, margin = [], 0.04
 
@@ -170,12 +173,12 @@ def main():
         specs.append(f'{name}:{start}:{tokens}:{length}:{roff}')
         return roff + int(tokens * margin)
 
-    spec('a', 0, N, T, 0)
-    nb1 = plan_b.stage1.budget_tokens
-    spec('b2', nb1, N - nb1, T, spec('b1', 0, nb1, K * T, 0))
-    nc1 = plan_c.stage1.budget_tokens
-    spec('c2', nc1, 2 * N - nc1, T, spec('c1', 0, nc1, K * T, 0))
-    specs = [sp for sp in specs if sp[0] in a.runs]  # only the files of the runs asked for (same cuts as always)
+    for run, (base, Kr, _) in variants.items():  # the files of the runs asked for (same cuts as always)
+        if base == 'a':
+            spec('a', 0, N, T, 0)
+            continue
+        n, n1 = (N if base == 'b' else 2 * N), plans[run].stage1.budget_tokens
+        spec(f'{run}2', n1, n - n1, T, spec(f'{run}1', 0, n1, Kr * T, 0))
     data = os.path.join(a.work, 'data')
     cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
                                  str(2 * N), '--spec', sp, '--stats', f'data_stats_{sp.split(":")[0]}.json'])
@@ -203,13 +206,15 @@ def main():
                     exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'token'), '--output_dir',
                     os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log'))
             return
-        tokens = N if run == 'b' else 2 * N
+        base, Kr, lam_r = variants[run]
+        tokens = N if base == 'b' else 2 * N
+        G1 = plans[run].stage1.global_batch_size
         recipe = [exe('swift-plt-two-stage'), '--model', m['dir'], '--output_dir', out, '--tokens', str(tokens),
-                  '--patch_size', str(K), '--lam', '2/3', '--max_length', str(T), '--global_batch_size', str(G),
+                  '--patch_size', str(Kr), '--lam', str(lam_r), '--max_length', str(T), '--global_batch_size', str(G),
                   '--stage1_batch', a.stage1_batch, '--stage1_args',
                   f'--dataset {os.path.join(data, run + "1.jsonl")} --micro_batch_size {math.gcd(a.mbs, G1)}',
-                  '--stage2_args', f'--dataset {os.path.join(data, run + "2.jsonl")} --micro_batch_size {a.mbs}', '--export_args', shlex.join(export_args(a)),
-                  *common]
+                  '--stage2_args', f'--dataset {os.path.join(data, run + "2.jsonl")} --micro_batch_size {a.mbs}',
+                  '--export_args', shlex.join(export_args(a)), *common]
         if runner.run(f'{size}_{run} stage1', recipe + ['--stage', '1'], os.path.join(out, 'runner_stage1.log')):
             return
         t = threading.Thread(target=runner.run, args=(f'{size}_{run} export stage1', [
@@ -243,7 +248,7 @@ def main():
         targets.append(f'{size}_init={models[size]["dir"]}')
         for run in a.runs:
             out = os.path.join(a.work, 'runs', f'{size}_{run}')
-            if run != 'a':
+            if run != 'a':  # the end of stage 1
                 targets.append(f'{size}_{run}_stage1={os.path.join(out, "hf_stage1")}')
             targets.append(f'{size}_{run}={os.path.join(out, "hf")}')
     env = dict(os.environ, SWIFT_PLT_DISABLE='1')
@@ -256,8 +261,11 @@ def main():
         f.write(r.stdout + r.stderr)
     print(''.join(line + '\n' for line in r.stdout.splitlines() if line.startswith('EVAL')), flush=True)
 
-    meta = {'N': N, 'T': T, 'G': G, 'G1': G1, 'stage1_batch': a.stage1_batch, 'K': K, 'lam': '2/3', 'a_iters': a_iters, 'plan_b': plan_b.to_dict(),
-            'plan_c': plan_c.to_dict(), 'models': models, 'sizes': a.sizes, 'runs': a.runs, 'lr': {
+    meta = {'N': N, 'T': T, 'G': G, 'stage1_batch': a.stage1_batch, 'a_iters': a_iters,
+            'variants': {run: {'K': Kr, 'lam': str(lam_r), 'G1': plans[run].stage1.global_batch_size,
+                               'plan': plans[run].to_dict()}
+                         for run, (_, Kr, lam_r) in variants.items() if run in plans},
+            'models': models, 'sizes': a.sizes, 'runs': a.runs, 'lr': {
                 s: a.lr or LR[s] for s in a.sizes}, 'mbs': a.mbs, 'failed': runner.failed,
             'timeline': [dict(x, start=round(x['start'] - t0, 1)) for x in runner.timeline],
             'wall_seconds': time.time() - t0, 'cpu': a.cpu, 'specs': specs}
