@@ -10,6 +10,8 @@ Rows (same hidden, weight and targets; loss = sum of the per-(row, k) NLLs, back
                  (Triton on CUDA) and inplace_grad=True, as PLTGPTModel calls it
   fused          fused_linear_patch_nll (chunk_rows rows at a time, grad_W accumulated in fp32)
   fused_bf16acc  the same with accum_fp32=False (grad_W accumulated in W's dtype, Liger's default)
+  fused_vocab    backward_split='vocab': backward over vocabulary blocks, grad_W complete per block, grad_hidden
+                 accumulated in fp32 ([N, H] instead of [V, H] accumulator)
   torch_ce_k1    for scale, no Megatron: logits = hidden @ W.T, torch.nn.functional.cross_entropy at K=1 (the first
                  target column, reduction='sum')
   fused_k1       fused_linear_patch_nll at K=1 (the same targets as torch_ce_k1)
@@ -126,11 +128,35 @@ def build_rows(hidden, weight, targets, chunk_rows, impl):
         'fused_bf16acc': (f'fused_linear_patch_nll {impl}, grad_W accumulated in W dtype, K={K}',
                           lambda: fused_linear_patch_nll(hidden, weight, targets, chunk_rows=chunk_rows, impl=impl,
                                                          accum_fp32=False)),
+        'fused_vocab': (f'fused_linear_patch_nll {impl}, vocab-split backward, fp32 grad_hidden acc., K={K}',
+                        lambda: fused_linear_patch_nll(hidden, weight, targets, chunk_rows=chunk_rows, impl=impl,
+                                                       backward_split='vocab')),
         'torch_ce_k1': ('hidden @ W.T, then torch cross_entropy, K=1',
                         lambda: F.cross_entropy(hidden @ weight.t(), t1[:, 0], reduction='sum')),
         'fused_k1': (f'fused_linear_patch_nll {impl}, K=1',
                      lambda: fused_linear_patch_nll(hidden, weight, t1, chunk_rows=chunk_rows, impl=impl)),
     }
+
+
+def compare_grads(rows, hidden, weight):
+    """Max |grad| differences of the fused rows from the unfused one (hidden and weight), relative to the largest
+    unfused gradient entry: a check that the timed code computes the same thing."""
+
+    def grads(fn):
+        hidden.grad = weight.grad = None
+        fn().sum().backward()
+        out = hidden.grad.float(), weight.grad.float()
+        hidden.grad = weight.grad = None
+        return out
+
+    ref_h, ref_w = grads(rows['unfused'][1])
+    out = {}
+    for key in ('fused', 'fused_bf16acc', 'fused_vocab'):
+        gh, gw = grads(rows[key][1])
+        out[key] = {'hidden': ((gh - ref_h).abs().max() / ref_h.abs().max()).item(),
+                    'weight': ((gw - ref_w).abs().max() / ref_w.abs().max()).item()}
+        del gh, gw
+    return out
 
 
 def ratio(results, a, b, field):
@@ -157,7 +183,7 @@ def main(argv=None):
     ap.add_argument('--iters', type=int, default=20)
     ap.add_argument('--device', default='cuda', help="'cuda' (the benchmark) or 'cpu' (smoke test only)")
     ap.add_argument('--skip', default='', help='comma-separated rows to skip: ' + 'unfused,fused,fused_bf16acc,'
-                    'torch_ce_k1,fused_k1')
+                    'fused_vocab,torch_ce_k1,fused_k1')
     ap.add_argument('--json', default=None, help='default: $OUT/fused_linear_plt_bench.json when $OUT is set')
     a = ap.parse_args(argv)
 
@@ -172,6 +198,7 @@ def main(argv=None):
 
     with torch.no_grad():  # the two PLT rows compute the same losses (bf16 logits either way)
         diff = (rows['fused'][1]() - rows['unfused'][1]()).abs().max().item()
+    grad_diff = compare_grads(rows, hidden, weight)
 
     skip = {s.strip() for s in a.skip.split(',') if s.strip()}
     results = {}
@@ -191,6 +218,8 @@ def main(argv=None):
         'peak_fused_over_unfused': ratio(results, 'fused', 'unfused', 'peak_extra_mib'),
         'time_fused_bf16acc_over_unfused': ratio(results, 'fused_bf16acc', 'unfused', 'fwd_bwd_ms_median'),
         'peak_fused_bf16acc_over_unfused': ratio(results, 'fused_bf16acc', 'unfused', 'peak_extra_mib'),
+        'time_fused_vocab_over_unfused': ratio(results, 'fused_vocab', 'unfused', 'fwd_bwd_ms_median'),
+        'peak_fused_vocab_over_unfused': ratio(results, 'fused_vocab', 'unfused', 'peak_extra_mib'),
         'time_unfused_over_torch_ce_k1': ratio(results, 'unfused', 'torch_ce_k1', 'fwd_bwd_ms_median'),
         'time_fused_k1_over_torch_ce_k1': ratio(results, 'fused_k1', 'torch_ce_k1', 'fwd_bwd_ms_median'),
         'peak_fused_k1_over_torch_ce_k1': ratio(results, 'fused_k1', 'torch_ce_k1', 'peak_extra_mib'),
@@ -206,10 +235,15 @@ def main(argv=None):
         print(f'{key:<14} {r["fwd_bwd_ms_median"]:>11.3f} {r["fwd_bwd_ms_min"]:>9.3f} '
               f'{fmt(r["peak_extra_mib"], ".1f"):>15}  {r["name"]}')
     print(f'max |loss fused - loss unfused| = {diff:.3g}')
+    for key, d in grad_diff.items():
+        print(f'max |grad {key} - grad unfused| / max |grad unfused|: hidden {d["hidden"]:.3g}, '
+              f'weight {d["weight"]:.3g}')
     print(f'ratio time fused/unfused = {fmt(ratios["time_fused_over_unfused"])}')
     print(f'ratio peak extra memory fused/unfused = {fmt(ratios["peak_fused_over_unfused"])}')
     print(f'ratio time fused_bf16acc/unfused = {fmt(ratios["time_fused_bf16acc_over_unfused"])}   '
           f'peak extra memory: {fmt(ratios["peak_fused_bf16acc_over_unfused"])}')
+    print(f'ratio time fused_vocab/unfused = {fmt(ratios["time_fused_vocab_over_unfused"])}   '
+          f'peak extra memory: {fmt(ratios["peak_fused_vocab_over_unfused"])}')
     record = {
         'device': dev_name,
         'torch': torch.__version__,
@@ -219,6 +253,7 @@ def main(argv=None):
         'rows': results,
         'ratios': ratios,
         'max_abs_loss_diff_fused_vs_unfused': diff,
+        'max_rel_grad_diff_vs_unfused': grad_diff,
     }
     print('JSON ' + json.dumps(record))
     path = a.json or (os.path.join(os.environ['OUT'], 'fused_linear_plt_bench.json') if os.environ.get('OUT') else None)
