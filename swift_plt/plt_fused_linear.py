@@ -148,14 +148,15 @@ _CHUNK_FNS = {'torch': (_chunk_stats_torch, _chunk_grad_torch), 'triton': (_chun
 
 
 @functools.lru_cache(maxsize=None)
-def _addmm_fp32_out_works(device: str) -> bool:
-    """Whether ``torch.addmm(acc_fp32, a_bf16, b_bf16, out_dtype=float32, out=acc)`` runs and accumulates correctly
-    here (CUDA, recent torch: a bf16 GEMM with fp32 output, no bf16 [V, H] temporary). Tried once per device."""
+def _addmm_fp32_out_works(device: str, dtype: torch.dtype) -> bool:
+    """Whether ``torch.addmm(acc_fp32, a, b, out_dtype=float32, out=acc)`` with a, b in ``dtype`` (bf16/fp16) runs
+    and accumulates correctly here (CUDA, recent torch: a low-precision GEMM with fp32 output, no [V, H] temporary).
+    Tried once per device and dtype."""
     try:
         a = torch.arange(6, device=device, dtype=torch.float32).view(2, 3)
         b = torch.ones(3, 2, device=device, dtype=torch.float32)
         acc = torch.ones(2, 2, device=device, dtype=torch.float32)
-        torch.addmm(acc, a.bfloat16(), b.bfloat16(), out_dtype=torch.float32, out=acc)
+        torch.addmm(acc, a.to(dtype), b.to(dtype), out_dtype=torch.float32, out=acc)
         return bool(torch.equal(acc, a @ b + 1))
     except Exception:  # older torch (no out_dtype, or self must be bf16), CPU (no kernel)
         return False
@@ -166,7 +167,7 @@ def add_matmul_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     low-precision product (fp32 accumulation inside the GEMM, one rounding) added into acc."""
     if acc.dtype == a.dtype:
         return acc.addmm_(a, b)
-    if acc.is_cuda and _addmm_fp32_out_works(str(acc.device)):
+    if acc.is_cuda and acc.dtype == torch.float32 and _addmm_fp32_out_works(str(acc.device), a.dtype):
         return torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
     return acc.add_(torch.mm(a, b))
 
