@@ -190,8 +190,8 @@ def main():
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.legend(fontsize=7, loc='upper right')
-    fig.suptitle('lines: training loss (stage 1 dashed: patch-level loss); ★ held-out loss of the final model, '
-                 '○ of the end of stage 1;\ndotted: stage switch. (a) token-level on N tokens, (b) PLT on N, '
+    fig.suptitle('lines: training loss (stage 1 dashed: patch-level loss);\n★ held-out loss of the final model, '
+                 '○ of the end of stage 1; dotted: stage switch.\n(a) token-level on N tokens, (b) PLT on N, '
                  '(c) PLT on 2N', fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, 'quality.png'), dpi=110)
