@@ -6,7 +6,8 @@
 #    gpu_time.json, megatron/export logs, plan, runner summary; eval.jsonl, meta.json, setup.log)
 # env: QUAL_BUDGET (seconds for the whole call, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
 #      110), QUAL_ARGS (extra run.py flags), QUAL_WORK, QUAL_TRACEBACK_EVERY (seconds: every Python process started
-#      after set-up dumps all its threads' stacks to runs/tb/PID.txt that often: for a run that hangs).
+#      after set-up dumps all its threads' stacks to runs/tb/PID.txt that often: for a run that hangs. It can crash
+#      the process it dumps: faulthandler reads the other threads' frames without the GIL; one SIGSEGV seen, README).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
