@@ -34,10 +34,14 @@ def _run(cmd, **kw):
     return proc
 
 
-def _setuptools_version(python):
-    out = subprocess.run([python, '-c', 'import setuptools; print(setuptools.__version__)'], capture_output=True,
-                         text=True).stdout.strip()
-    return tuple(int(x) for x in re.findall(r'\d+', out)[:1]) or (0, )
+def _builds_wheels_offline(python):
+    """Whether `python`'s setuptools can build this checkout's wheel without pip's isolated build env: setuptools
+    >= 70.1 has `bdist_wheel` itself; 64 <= setuptools < 70.1 (PEP 660) needs the `wheel` package beside it (a
+    Python 3.11 base with setuptools 65.5 and no `wheel` failed here with "invalid command 'bdist_wheel'")."""
+    code = ('import importlib.util, re, setuptools; v = tuple(int(x) for x in re.findall(r"\\d+", '
+            'setuptools.__version__)[:2]); print(v >= (70, 1) or (v >= (64, 0) and '
+            'importlib.util.find_spec("wheel") is not None))')
+    return subprocess.run([python, '-c', code], capture_output=True, text=True).stdout.strip() == 'True'
 
 
 @pytest.mark.parametrize('editable', [True, False], ids=['pip_install_e', 'pip_install'])
@@ -45,8 +49,8 @@ def test_install_activates_the_plugin(tmp_path, editable):
     venv = tmp_path / 'venv'
     _run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)])
     python = str(venv / 'bin' / 'python')
-    # offline with the venv's setuptools when it can build PEP 660 wheels (>= 64), else pip's isolated build env
-    isolation = [] if _setuptools_version(python) < (64, ) else ['--no-build-isolation']
+    # offline with the venv's setuptools when it can build (PEP 660) wheels, else pip's isolated build env
+    isolation = ['--no-build-isolation'] if _builds_wheels_offline(python) else []
     _run([python, '-m', 'pip', 'install', '-q', '--no-deps', *isolation, *(['-e'] if editable else []), REPO],
          cwd=str(tmp_path))
     purelib = _run([python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])']).stdout.strip()
