@@ -50,6 +50,9 @@ import torch.nn.functional as F  # noqa: E402
 from swift_plt.plt import IGNORE_INDEX, patch_nll  # noqa: E402
 from swift_plt.plt_fused_linear import auto_chunk_rows, fused_linear_patch_nll, resolve_impl  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_rows import fmt, json_path, ratio, run_rows  # noqa: E402
+
 
 def sync(device):
     if device.type == 'cuda':
@@ -159,17 +162,6 @@ def compare_grads(rows, hidden, weight):
     return out
 
 
-def ratio(results, a, b, field):
-    try:
-        return results[a][field] / results[b][field]
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-
-
-def fmt(v, spec='.3f'):
-    return 'n/a' if v is None else format(v, spec)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--N', type=int, default=2048, help='rows (patches x batch)')
@@ -201,17 +193,8 @@ def main(argv=None):
     grad_diff = compare_grads(rows, hidden, weight)
 
     skip = {s.strip() for s in a.skip.split(',') if s.strip()}
-    results = {}
-    for key, (name, fn) in rows.items():
-        if key in skip:
-            continue
-        try:
-            results[key] = dict(name=name, **measure(fn, hidden, weight, device, a.warmup, a.iters))
-        except Exception as e:  # e.g. out of memory at large N: report it, keep the other rows
-            results[key] = dict(name=name, error=repr(e))
-            print(f'[bench] {key} failed: {e!r}')
-        if device.type == 'cuda':
-            torch.cuda.empty_cache()
+    results = run_rows(rows, lambda fn: measure(fn, hidden, weight, device, a.warmup, a.iters), skip,
+                       after_each=torch.cuda.empty_cache if device.type == 'cuda' else None)
 
     ratios = {
         'time_fused_over_unfused': ratio(results, 'fused', 'unfused', 'fwd_bwd_ms_median'),
@@ -256,7 +239,7 @@ def main(argv=None):
         'max_rel_grad_diff_vs_unfused': grad_diff,
     }
     print('JSON ' + json.dumps(record))
-    path = a.json or (os.path.join(os.environ['OUT'], 'fused_linear_plt_bench.json') if os.environ.get('OUT') else None)
+    path = json_path(a.json, 'fused_linear_plt_bench.json')
     if path:
         with open(path, 'w') as f:
             json.dump(record, f, indent=2)

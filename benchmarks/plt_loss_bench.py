@@ -30,6 +30,9 @@ import time
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_rows import fmt, json_path, ratio, run_rows  # noqa: E402
+
 
 def free_port():
     with socket.socket() as s:
@@ -166,21 +169,7 @@ def main():
                                lambda x: plt_token_losses(x, labels, K, impl=impl, inplace_grad=True))
     skip = {s.strip() for s in a.skip.split(',') if s.strip()}
 
-    results = {}
-    for key, (name, fn) in rows.items():
-        if key in skip:
-            continue
-        try:
-            results[key] = dict(name=name, **measure(fn, logits, ones_like, device, a.warmup, a.iters))
-        except Exception as e:
-            results[key] = dict(name=name, error=repr(e))
-            print(f'[bench] {key} failed: {e!r}')
-
-    def ratio(x, y, field):
-        try:
-            return results[x][field] / results[y][field]
-        except (KeyError, TypeError, ZeroDivisionError):
-            return None
+    results = run_rows(rows, lambda fn: measure(fn, logits, ones_like, device, a.warmup, a.iters), skip)
 
     dev_name = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'
     print(f'\nPLT loss benchmark on {dev_name}: logits [P={P}, B={B}, V={V}] bf16, K={K}, TP=1, '
@@ -193,20 +182,17 @@ def main():
         peak = f'{r["peak_mib"]:.1f}' if r['peak_mib'] is not None else 'n/a'
         print(f'{r["name"]:<52} {r["fwd_ms_median"]:>9.3f} {r["fwd_bwd_ms_median"]:>11.3f} {peak:>10}')
     ratios = {
-        'plt_over_ce_time': ratio('plt', 'ce', 'fwd_bwd_ms_median'),
-        'plt_over_ce_peak_mem': ratio('plt', 'ce', 'peak_mib'),
-        'plt_over_ce_fused_time': ratio('plt', 'ce_fused', 'fwd_bwd_ms_median'),
-        'plt_over_ce_fused_peak_mem': ratio('plt', 'ce_fused', 'peak_mib'),
-        'ce_xK_over_plt_time': ratio('ce_xK', 'plt', 'fwd_bwd_ms_median'),
-        'ce_xK_over_plt_peak_mem': ratio('ce_xK', 'plt', 'peak_mib'),
-        'plt_torch_over_ce_fused_time': ratio('plt_torch', 'ce_fused', 'fwd_bwd_ms_median'),
-        'plt_torch_over_ce_fused_peak_mem': ratio('plt_torch', 'ce_fused', 'peak_mib'),
-        'plt_inplace_over_ce_fused_time': ratio('plt_inplace', 'ce_fused', 'fwd_bwd_ms_median'),
-        'plt_inplace_over_ce_fused_peak_mem': ratio('plt_inplace', 'ce_fused', 'peak_mib'),
+        'plt_over_ce_time': ratio(results, 'plt', 'ce', 'fwd_bwd_ms_median'),
+        'plt_over_ce_peak_mem': ratio(results, 'plt', 'ce', 'peak_mib'),
+        'plt_over_ce_fused_time': ratio(results, 'plt', 'ce_fused', 'fwd_bwd_ms_median'),
+        'plt_over_ce_fused_peak_mem': ratio(results, 'plt', 'ce_fused', 'peak_mib'),
+        'ce_xK_over_plt_time': ratio(results, 'ce_xK', 'plt', 'fwd_bwd_ms_median'),
+        'ce_xK_over_plt_peak_mem': ratio(results, 'ce_xK', 'plt', 'peak_mib'),
+        'plt_torch_over_ce_fused_time': ratio(results, 'plt_torch', 'ce_fused', 'fwd_bwd_ms_median'),
+        'plt_torch_over_ce_fused_peak_mem': ratio(results, 'plt_torch', 'ce_fused', 'peak_mib'),
+        'plt_inplace_over_ce_fused_time': ratio(results, 'plt_inplace', 'ce_fused', 'fwd_bwd_ms_median'),
+        'plt_inplace_over_ce_fused_peak_mem': ratio(results, 'plt_inplace', 'ce_fused', 'peak_mib'),
     }
-
-    def fmt(v):
-        return 'n/a' if v is None else f'{v:.3f}'
 
     print(f'BENCH PLT/CE time (fwd+bwd): {fmt(ratios["plt_over_ce_time"])}   '
           f'PLT/CE peak memory: {fmt(ratios["plt_over_ce_peak_mem"])}')
@@ -220,7 +206,7 @@ def main():
     print(f'BENCH naive K x CE / PLT time: {fmt(ratios["ce_xK_over_plt_time"])}   '
           f'naive K x CE / PLT peak memory: {fmt(ratios["ce_xK_over_plt_peak_mem"])}')
 
-    path = a.json or (os.path.join(os.environ['OUT'], 'plt_loss_bench.json') if os.environ.get('OUT') else None)
+    path = json_path(a.json, 'plt_loss_bench.json')
     if path:
         with open(path, 'w') as f:
             json.dump({
