@@ -38,9 +38,8 @@ def _builds_wheels_offline(python):
     """Whether `python`'s setuptools can build this checkout's wheel without pip's isolated build env: setuptools
     >= 70.1 has `bdist_wheel` itself; 64 <= setuptools < 70.1 (PEP 660) needs the `wheel` package beside it (a
     Python 3.11 base with setuptools 65.5 and no `wheel` failed here with "invalid command 'bdist_wheel'")."""
-    code = ('import importlib.util, re, setuptools; v = tuple(int(x) for x in re.findall(r"\\d+", '
-            'setuptools.__version__)[:2]); print(v >= (70, 1) or (v >= (64, 0) and '
-            'importlib.util.find_spec("wheel") is not None))')
+    code = ('import importlib.util as u, setuptools; v = int(setuptools.__version__.split(".")[0]); '
+            'print(bool(u.find_spec("setuptools.command.bdist_wheel")) or (v >= 64 and bool(u.find_spec("wheel"))))')
     return subprocess.run([python, '-c', code], capture_output=True, text=True).stdout.strip() == 'True'
 
 
