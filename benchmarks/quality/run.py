@@ -163,7 +163,8 @@ def main():
 
     # plans and data: one plan per two-stage run (its K and λ: variants.py)
     variants = {run: parse_run(run) for run in a.runs}
-    plans = {run: make_plan(N if base == 'b' else 2 * N, Kr, lam_r, seq_length=T, global_batch_size=G,
+    budget = {run: N if base == 'b' else 2 * N for run, (base, _, _) in variants.items()}  # tokens of b, c runs
+    plans = {run: make_plan(budget[run], Kr, lam_r, seq_length=T, global_batch_size=G,
                             stage1_batch=a.stage1_batch)
              for run, (base, Kr, lam_r) in variants.items() if base != 'a'}
     a_iters = N // (G * T)
@@ -177,7 +178,7 @@ def main():
         if base == 'a':
             spec('a', 0, N, T, 0)
             continue
-        n, n1 = (N if base == 'b' else 2 * N), plans[run].stage1.budget_tokens
+        n, n1 = budget[run], plans[run].stage1.budget_tokens
         spec(f'{run}2', n1, n - n1, T, spec(f'{run}1', 0, n1, Kr * T, 0))
     data = os.path.join(a.work, 'data')
     cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
@@ -206,8 +207,8 @@ def main():
                     exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'token'), '--output_dir',
                     os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log'))
             return
-        base, Kr, lam_r = variants[run]
-        tokens = N if base == 'b' else 2 * N
+        _, Kr, lam_r = variants[run]
+        tokens = budget[run]
         G1 = plans[run].stage1.global_batch_size
         recipe = [exe('swift-plt-two-stage'), '--model', m['dir'], '--output_dir', out, '--tokens', str(tokens),
                   '--patch_size', str(Kr), '--lam', str(lam_r), '--max_length', str(T), '--global_batch_size', str(G),
