@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """PLT loss vs Megatron's cross entropy: time and peak memory of forward+backward on the same [P, B, V] logits.
 
-    python3 benchmarks/plt_loss_bench.py                     # P=2048, B=1, V=128256, K=4, bf16, 1 GPU
-    python3 benchmarks/plt_loss_bench.py --device cpu --P 64 --V 1000 --iters 3   # CPU smoke test of the code
+    python3 benchmarks/loss/plt_loss_bench.py                     # P=2048, B=1, V=128256, K=4, bf16, 1 GPU
+    python3 benchmarks/loss/plt_loss_bench.py --device cpu --P 64 --V 1000 --iters 3   # CPU smoke test of the code
 
 Rows (all on the same bf16 logits [P, B, V], TP=1):
-  plt      swift_plt.plt.plt_token_losses: K targets per row (the tokens of the next patch), one softmax; on CUDA
-           the fused Triton kernel (swift_plt.plt_triton), gradient in a new tensor
+  plt      swift_plt.patch_level.loss.plt_token_losses: K targets per row (the tokens of the next patch), one softmax; on CUDA
+           the fused Triton kernel (swift_plt.patch_level.loss_triton), gradient in a new tensor
   plt_torch  the same with impl='torch' (the reference _PatchCrossEntropy, an fp32 softmax copy)
   plt_inplace (CUDA) the Triton kernel with inplace_grad=True, as PLTGPTModel calls it: the gradient is written into
            the logits' storage (run last: it overwrites the logits)
@@ -30,8 +30,37 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_rows import fmt, json_path, ratio, run_rows  # noqa: E402
+
+def run_rows(rows, measure_one, skip=()):
+    """rows: key -> (description, fn); measure_one(fn) -> dict of figures. Returns key -> dict(name=description,
+    **figures), or dict(name=..., error=repr) for a row that raised (e.g. out of memory at a large shape)."""
+    results = {}
+    for key, (name, fn) in rows.items():
+        if key in skip:
+            continue
+        try:
+            results[key] = dict(name=name, **measure_one(fn))
+        except Exception as e:  # noqa: BLE001 -- reported, the other rows still run
+            results[key] = dict(name=name, error=repr(e))
+            print(f'[bench] {key} failed: {e!r}')
+    return results
+
+
+def ratio(results, a, b, field):
+    """results[a][field] / results[b][field], None where either is missing, failed or zero."""
+    try:
+        return results[a][field] / results[b][field]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def fmt(v, spec='.3f'):
+    return 'n/a' if v is None else format(v, spec)
+
+
+def json_path(arg, name):
+    """--json if given, else $OUT/name when $OUT is set, else None."""
+    return arg or (os.path.join(os.environ['OUT'], name) if os.environ.get('OUT') else None)
 
 
 def free_port():
@@ -133,7 +162,8 @@ def main():
         torch.cuda.set_device(device.index or 0)
     mpu = init_megatron_tp1(device)
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-    from swift_plt.plt import IGNORE_INDEX, plt_token_losses
+    from swift_plt.patch_level import IGNORE_INDEX
+    from swift_plt.patch_level.loss import plt_token_losses
 
     P, B, V, K = a.P, a.B, a.V, a.K
     g = torch.Generator(device='cpu').manual_seed(0)

@@ -2,8 +2,8 @@
 
     python benchmarks/quality/prepare_data.py CORPUS_TXT_DIR KIT_DIR [--vocab 16384] [--heldout 0.02]
 
-CORPUS_TXT_DIR is the txt/ folder that ../shared/data/build_corpus.sh writes (11 files, ~90 MB of English text).
-Writes into KIT_DIR (what the device call carries):
+CORPUS_TXT_DIR holds .txt files of English text (the measured kit: 11 files, ~90 MB of public-domain books and
+speeches and software documentation, see README.md). Writes into KIT_DIR (what the GPU run reads):
   tokenizer/            byte-level BPE, `--vocab` ids, trained on the TRAIN documents only (HF tokenizer files)
   train_docs.jsonl.xz   the train documents, one {"doc": id, "text": ...} a line, in a fixed shuffled order: every
                         run takes its data from the front of this stream (make_run_data.py)
@@ -13,10 +13,8 @@ Writes into KIT_DIR (what the device call carries):
 Documents: each source file is cut at blank lines into paragraphs, and consecutive paragraphs are grouped into
 documents of at least --doc_chars characters (the last group of a file may be shorter). A paragraph longer than
 2 x --doc_chars is first cut at line ends (a line longer than --doc_chars at spaces) into pieces of at least
---doc_chars, so no document is longer than about 3 x --doc_chars:
-the KJV file has no blank line at all, and whole it was ONE document of 1.07 M tokens. In kits built before this
-rule (the H100 results of 2026-11-23) it sat at stream position 9.02 M, so the (b) runs' stage 2 ([6.67 M, 10 M))
-was 29.5 % Bible text, against 9.8 % for (a) and none in the held-out set. The split is by document: a seeded coin
+--doc_chars, so no document is longer than about 3 x --doc_chars (a file with no blank line, such as a KJV text,
+would otherwise be one huge document that lands whole in one run's range). The split is by document: a seeded coin
 with P(held-out) = --heldout per document.
 """
 import argparse
@@ -91,7 +89,7 @@ def train_tokenizer(texts, vocab, out_dir, max_len):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token='<s>', eos_token='</s>', unk_token='<unk>',
                                    pad_token='<pad>', model_max_length=max_len)
     fast.save_pretrained(out_dir)
-    from swift_plt.tiny import make_tokenizer_config_portable
+    from swift_plt.tools.tiny import make_tokenizer_config_portable
     make_tokenizer_config_portable(out_dir)  # loads under transformers 4.x and 5.x
     return tok
 
@@ -137,7 +135,7 @@ def main():
     for i, _ in train:
         by_source[i.split(':')[0]] = by_source.get(i.split(':')[0], 0) + 1
     manifest = {
-        'corpus': 'build_corpus.sh (shared/data), all 11 files', 'doc_chars': a.doc_chars, 'seed': a.seed,
+        'corpus': sorted(n for n in os.listdir(a.corpus) if n.endswith('.txt')), 'doc_chars': a.doc_chars, 'seed': a.seed,
         'documents': len(docs), 'train_documents': len(train), 'heldout_documents': len(held),
         'train_tokens': sum(train_tokens), 'train_documents_by_source': by_source,
         'heldout_rows': len(rows), 'heldout_seq': a.seq, 'heldout_predicted_tokens': len(rows) * (a.seq - 1),

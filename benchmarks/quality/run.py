@@ -1,7 +1,7 @@
 """Quality benchmark: does the two-stage PLT recipe reach token-level quality at about half the compute?
 
     python benchmarks/quality/run.py --kit KIT --work W --out OUT [--sizes S M] [--tokens 10000000] ...
-    (on the device: bash benchmarks/quality/run_device.sh, which sets up the kit and calls this)
+    (on a GPU machine: bash benchmarks/quality/run_gpu.sh, which calls this)
 
 Per model size (make_models.py), on the same train-document stream and the same held-out rows:
   (a) token-level baseline: `megatron pt --model_type llama --train_iters N/(G*T)`        (compute 1.0)
@@ -144,7 +144,7 @@ def main():
     ap.add_argument('--cpu', action='store_true', help='CPU dry run through the test harness flags')
     a = ap.parse_args()
     sys.path.insert(0, REPO)
-    from swift_plt.plan import make_plan
+    from swift_plt.recipe.plan import make_plan
     from variants import parse_run
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)

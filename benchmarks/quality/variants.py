@@ -3,7 +3,7 @@
     a              token-level baseline on N tokens
     b, c           the two-stage recipe on N (b) or 2N (c) tokens at the default K=4, λ=2/3
     b_k2, c_l12    the same with another patch size (k2 = K=2) or λ (two digits: l12 = 1/2, l34 = 3/4)
-    b_k8_l34       both (the issue's sweeps: K = 2, 8; λ = 1/2, 3/4)
+    b_k8_l34       both (sweeps: K = 2, 8; λ = 1/2, 3/4)
 """
 import re
 from fractions import Fraction

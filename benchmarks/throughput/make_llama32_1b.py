@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """A random-init model with the exact meta-llama/Llama-3.2-1B config.json (llama3 RoPE scaling, tied embeddings),
-bf16 safetensors, plus the tokenizer files of TOKENIZER_DIR (the real Llama-3 tokenizer: build it offline with
-/work/shared/data/convert_llama3_tokenizer.py; its licence forbids committing it).
+bf16 safetensors, plus the tokenizer files of TOKENIZER_DIR (the Llama-3 tokenizer, e.g. the tokenizer files of
+meta-llama/Llama-3.2-1B; its licence forbids committing it).
 
-    python3 benchmarks/make_llama32_1b.py OUT_DIR TOKENIZER_DIR      (CPU is enough: ~1.2 B params, 2.5 GB)
+    python3 benchmarks/throughput/make_llama32_1b.py OUT_DIR TOKENIZER_DIR      (CPU is enough: ~1.2 B params, 2.5 GB)
 
 config.json and the tokenizer files are written first, the weights last (saved to OUT_DIR.weights_tmp, then renamed into OUT_DIR):
 a `megatron pt` run can start up (it reads only the config and the tokenizer before building the model) while the
-weights are made; model.safetensors appears in OUT_DIR only when complete (benchmarks/tput_launch.py --wait-file).
+weights are made; model.safetensors appears in OUT_DIR only when complete (tput_launch.py --wait-file).
 """
 import copy
 import json

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""English text -> ms-swift pretraining rows for benchmarks/throughput_1b.sh.
+"""English text -> ms-swift pretraining rows for throughput_1b.sh.
 
-    python3 benchmarks/make_text_jsonl.py TEXT OUT.jsonl [--chars 4000] [--repeat 1]
+    python3 benchmarks/throughput/make_text_jsonl.py TEXT OUT.jsonl [--chars 4000] [--repeat 1]
 
 Paragraphs (blank-line separated) are grouped into documents of about --chars characters (~1000 Llama-3 tokens at
 4000), one row {"messages": [{"role": "assistant", "content": DOC}]} each; --repeat writes the list that many times.

@@ -1,5 +1,5 @@
-"""The pipelined throughput launcher (benchmarks/tput_launch.py), its step probe's turn gate and core pinning
-(benchmarks/step_probe/sitecustomize.py) and the per-MBS figures of benchmarks/throughput_summary.py.
+"""The pipelined throughput launcher (tput_launch.py), its step probe's turn gate and core pinning
+(step_probe/sitecustomize.py) and the per-MBS figures of throughput_summary.py.
 
 The launcher runs a fake ``megatron`` (a script written here) whose ``swift.megatron.trainers.base`` is a stand-in
 module: its ``BaseMegatronTrainer.__init__`` logs when the GPU phase starts (with the affinity of every thread) and
@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import throughput_summary  # noqa: E402
 import tput_launch  # noqa: E402
 
@@ -229,13 +229,13 @@ def test_cpu_split():
 
 
 def test_probe_turn_helpers(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, 'benchmarks', 'step_probe'))
+    sys.path.insert(0, os.path.join(HERE, 'step_probe'))
     try:
         import importlib
         sc = importlib.import_module('sitecustomize')
         if not hasattr(sc, 'wait_for_turn'):  # an installed sitecustomize was imported first
             spec = importlib.util.spec_from_file_location(
-                '_probe', os.path.join(REPO, 'benchmarks', 'step_probe', 'sitecustomize.py'))
+                '_probe', os.path.join(HERE, 'step_probe', 'sitecustomize.py'))
             sc = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(sc)
     finally:
@@ -291,10 +291,12 @@ def test_summary_ratios_per_mbs_and_round(tmp_path, capsys):
     assert json.load(open(tmp_path / 't.json'))['ratios']['mbs4 plt4/stock']['per_round'] == pytest.approx(r4)
 
 
-def test_summary_reads_old_probe_dirs(capsys):
-    """Probe dirs from before tput_launch.py (no .meta.json): S and K from the name, GBS from --gbs."""
-    d = os.path.join(REPO, 'benchmarks', 'results', 'h100_2026-11-23')
-    figs, summary = throughput_summary.main([d, '--warm', '6'])
+def test_summary_reads_probe_dirs_without_meta(tmp_path):
+    """Probe dirs without .meta.json (written before tput_launch.py): S and K from the name, GBS from --gbs."""
+    d = _probe_dir(tmp_path, {('stock', 1): ('stock', 4, 0.50), ('plt4', 1): ('plt4', 4, 0.52)})
+    for f in d.glob('*.meta.json'):
+        f.unlink()
+    figs, summary = throughput_summary.main([str(d), '--warm', '3', '--gbs', '16'])
     assert figs[('stock', 1)]['tokens_per_s'] == pytest.approx(16 * 2048 / figs[('stock', 1)]['step_s_median'])
     assert figs[('plt4', 1)]['k'] == 4 and 'mbs4 plt4/stock' in summary
 

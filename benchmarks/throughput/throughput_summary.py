@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Figures of benchmarks/throughput_1b.sh from its step probes (benchmarks/step_probe).
+"""Figures of throughput_1b.sh from its step probes (step_probe/).
 
-    python3 benchmarks/throughput_summary.py PROBE_DIR [--warm 3] [--gbs 16] [--json OUT.json]
+    python3 benchmarks/throughput/throughput_summary.py PROBE_DIR [--warm 3] [--gbs 16] [--json OUT.json]
 
 PROBE_DIR holds NAME_rR.jsonl (one line per step: step, t_end, wall, loss, grad_norm, max_mem_gib) for NAME in stock,
 plt1, plt4 (MBS 4) and stock_m8, plt1_m8, plt4_m8 (MBS 8) and rounds R, with NAME_rR.meta.json (base name, MBS, GBS,
-max_length, K: written by benchmarks/tput_launch.py; older dirs without it: S and K from the name, GBS from --gbs),
+max_length, K: written by tput_launch.py; older dirs without it: S and K from the name, GBS from --gbs),
 NAME_rR.jsonl.turn.json (the probe's turn record: start-up, wait, turn-to-first-step times), launch.json (the
 launcher's run states) and NAME_rR.jsonl.prof.json for profiled steps. Per run: step time = median of
 t_end[i] - t_end[i-1] over steps i > warm (profiled steps left out); tokens/s = GBS * max_length / step time (2048 at
@@ -25,7 +25,7 @@ import os
 import re
 import statistics
 
-from tput_launch import fmt_cpus  # this directory (the scripts run as benchmarks/NAME.py)
+from tput_launch import fmt_cpus  # this directory (the scripts run as benchmarks/throughput/NAME.py)
 
 SEQ = {'stock': 2048, 'plt1': 2048, 'plt4': 8192}
 K = {'stock': 1, 'plt1': 1, 'plt4': 4}

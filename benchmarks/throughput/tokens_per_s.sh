@@ -6,12 +6,12 @@
 # S (--truncation_strategy right), so every sequence is exactly S tokens. tokens/s = GBS*S per step, timed over the
 # steps after the warm-up from ms-swift's logged train_speed(s/it) (elapsed_N = speed_N * N).
 #
-#   bash benchmarks/tokens_per_s.sh          (device machine, repo root; sources .gpu_kit/setup_device.sh and
-#                                             installs the plugin if run_all.sh has not)
-# env: OUT (logs + TPS lines), TPS_WORK (/tmp/plt_tps), TINY_MODEL (a dir with a tokenizer; default: make one),
-#      WARM (5), MEAS (20), GBS (8), MBS (1), GPU_K4 (0), GPU_K1 (1 on a 2-GPU machine, else 0: then sequential)
+#   bash benchmarks/throughput/tokens_per_s.sh      (repo root, a GPU machine)
+# env: OUT (logs + TPS lines), TPS_WORK (/tmp/plt_tps), TINY_MODEL (a dir with a tokenizer; default: one made by
+#      swift-plt-make-tiny), WARM (5), MEAS (20), GBS (8), MBS (1), GPU_K4 (0), GPU_K1 (1 on a 2-GPU machine, else 0:
+#      then sequential), SWIFT_PLT_GPU_ENV (optional script sourced first: the machine's environment)
 set -o pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
 OUT=${OUT:-/tmp/plt_tps_out}
 mkdir -p "$OUT"
@@ -20,11 +20,10 @@ mkdir -p "$W"
 WARM=${WARM:-5} MEAS=${MEAS:-20} GBS=${GBS:-8} MBS=${MBS:-1}
 ITERS=$((WARM + MEAS))
 
-if ! command -v megatron >/dev/null 2>&1; then
-  # shellcheck disable=SC1091
-  source .gpu_kit/setup_device.sh >"$OUT/tps_setup_kit.log" 2>&1 || { echo "TPS setup failed"; exit 1; }
-fi
-if ! (cd /tmp && python3 -c "import swift_plt.activation as a; assert a._finder is not None") 2>/dev/null; then
+# shellcheck disable=SC1090
+[ -n "${SWIFT_PLT_GPU_ENV:-}" ] && source "$SWIFT_PLT_GPU_ENV"
+command -v megatron >/dev/null 2>&1 || { echo "TPS: megatron (ms-swift[megatron]) not found"; exit 1; }
+if ! (cd /tmp && python3 -c "import swift_plt.plugin.import_hook as a; assert a._finder is not None") 2>/dev/null; then
   python3 -m pip install --no-deps --no-build-isolation --no-index . >"$OUT/tps_pip.log" 2>&1 ||
     python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$OUT/tps_pip.log" 2>&1
 fi
@@ -35,7 +34,7 @@ GPU_K1=${GPU_K1:-$([ "$NGPU" -ge 2 ] && echo 1 || echo 0)}
 # ---- tokenizer, model, data
 TOK=${TINY_MODEL:-}
 if [ -z "$TOK" ] || [ ! -f "$TOK/tokenizer.json" ]; then
-  python3 .gpu_kit/make_tiny_llama.py --out "$W/tiny" --rows 10 >"$OUT/tps_make_tiny.log" 2>&1
+  swift-plt-make-tiny "$W/tiny" >"$OUT/tps_make_tiny.log" 2>&1
   TOK=$W/tiny/model
 fi
 t=$SECONDS

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """CPU smoke run of the pipelined throughput launcher with the real `megatron pt` (ms-swift 4.6) on a tiny Llama.
 
-    python benchmarks/tput_cpu_smoke.py WORK_DIR [--rounds 1] [--rounds-m8 1] [--lookahead 3] [--budget 900]
+    python benchmarks/throughput/tput_cpu_smoke.py WORK_DIR [--rounds 1] [--rounds-m8 1] [--lookahead 3] [--budget 900]
 
-Same launcher and step probe as benchmarks/throughput_1b.sh (turn gate in BaseMegatronTrainer.__init__, os._exit
+Same launcher and step probe as throughput_1b.sh (turn gate in BaseMegatronTrainer.__init__, os._exit
 after the last step, torchrun's worker in its own session), but the tiny model of tests/harness, the CPU flags of
 tests/harness (gloo, unfused attention, no padding-free), fp32 and 64/256 positions at K=1/4; then
-benchmarks/throughput_summary.py. Not a timing: it proves the plumbing with the real stack. Needs tests/ (the
+throughput_summary.py. Not a timing: it proves the plumbing with the real stack. Needs tests/ (the
 harness) and the plugin installed in this interpreter's environment; minutes on 2 cores.
 """
 import argparse
@@ -15,7 +15,8 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, 'tests'))
 
 
@@ -38,14 +39,14 @@ def main():
     env.pop('MASTER_PORT')  # one per run, from the launcher
     extra = ['--template', 'llama', '--torch_dtype', 'float32', '--bf16', 'false', '--fp16', 'false',
              '--dataloader_num_workers', '1', *CPU_MEGATRON_ARGS]
-    cmd = [sys.executable, os.path.join(REPO, 'benchmarks', 'tput_launch.py'), '--work', a.work, '--model', model,
+    cmd = [sys.executable, os.path.join(HERE, 'tput_launch.py'), '--work', a.work, '--model', model,
            '--data-k1', data, '--data-k4', data, '--rounds', a.rounds, '--rounds-m8', a.rounds_m8, '--lookahead',
            a.lookahead, '--iters', '6', '--positions', '64', '--deadline', repr(time.time() + a.budget),
            '--turn-secs', '10', '--megatron', 'megatron', '--extra-args', ' '.join(extra)]
     if a.train_cpus:
         cmd += ['--train-cpus', a.train_cpus, '--start-cpus', a.start_cpus]
     rc = subprocess.call(cmd, env=env, cwd=REPO)
-    subprocess.call([sys.executable, os.path.join(REPO, 'benchmarks', 'throughput_summary.py'),
+    subprocess.call([sys.executable, os.path.join(HERE, 'throughput_summary.py'),
                      os.path.join(a.work, 'probes'), '--warm', '2'], cwd=REPO)
     return rc
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Pipelined launcher of benchmarks/throughput_1b.sh: `megatron pt` runs start up concurrently, the GPU is used by one
+"""Pipelined launcher of throughput_1b.sh: `megatron pt` runs start up concurrently, the GPU is used by one
 run at a time, in the interleaved order.
 
-    python3 benchmarks/tput_launch.py --work W --model M --data-k1 D1 --data-k4 D4 [options]
+    python3 benchmarks/throughput/tput_launch.py --work W --model M --data-k1 D1 --data-k4 D4 [options]
 
 The run list is ``--rounds`` rounds of ``--names`` at MBS ``--mbs`` (stock plt1 plt4 stock plt1 plt4 ...), then
 ``--rounds-m8`` rounds of the same names at MBS 8 (``stock_m8`` ...), all at the same GBS: a budget cut drops the
@@ -10,14 +10,14 @@ MBS 8 runs first, then the last MBS 4 rounds. ``--m8-after N`` puts the MBS 8 ro
 instead (e.g. 2: A B C A B C A8 B8 C8 A B C; a cut then drops the third MBS-4 round first). Per run:
   * the process is started (``megatron pt``, its own session) pinned to the start cores (``--start-cpus``) when at most
     ``--lookahead`` - 1 other runs are alive; it does its start-up (imports, megatron init, tokenisation, packing) at
-    once, then waits in ``BaseMegatronTrainer.__init__`` for its turn (benchmarks/step_probe/sitecustomize.py);
+    once, then waits in ``BaseMegatronTrainer.__init__`` for its turn (step_probe/sitecustomize.py);
   * the turn file ``W/turn`` gets the run's index once every earlier run's process (and all its descendants) has
     exited, or was skipped; the probe then moves all its threads to the training cores (``--train-cpus``);
   * a run gets no turn if less than ``max(--turn-secs, longest turn-to-exit seen so far)`` seconds are left before
     ``--deadline`` (epoch seconds); at the deadline every process still alive is killed; a run that holds the turn
     longer than ``--run-timeout`` s is killed (a hang costs one run, not the call).
 Records per run: ``W/probes/NAME_rR.meta.json`` (name, MBS, GBS, max_length, K) and ``W/probes/launch.json`` (start,
-turn, exit times, rc, state) for benchmarks/throughput_summary.py; logs in ``W/runs/NAME_rR.log``.
+turn, exit times, rc, state) for throughput_summary.py; logs in ``W/runs/NAME_rR.log``.
 ``--wait-file F``: no turn before F exists (throughput_1b.sh makes the weights while the first runs start up).
 ``--lookahead 1`` is the serial mode (one process at a time, no overlap).
 """
@@ -29,8 +29,9 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROBE_DIR = os.path.join(REPO, 'benchmarks', 'step_probe')
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))  # megatron pt runs here (custom_model/llama.py)
+PROBE_DIR = os.path.join(HERE, 'step_probe')
 
 # name -> (model args, SWIFT_PLT_DISABLE, K, max_length at K) ; the max_length is the same 2048 positions
 BASES = {

@@ -1,40 +1,21 @@
-"""Step probe for the throughput benchmark (benchmarks/throughput_1b.sh); not part of the plugin.
+"""Step probe of the throughput benchmark (benchmarks/throughput/throughput_1b.sh); not part of the plugin.
 
 Put this directory first on PYTHONPATH: Python imports ``sitecustomize`` at start-up in every process (torchrun's
 children included). When ``STEP_PROBE_OUT`` is set, a ``sys.meta_path`` finder waits for ms-swift's
-``swift.megatron.trainers.base`` and wraps ``BaseMegatronTrainer.train_step`` (one optimizer step: all micro-batches,
-forward, backward, optimizer). Nothing else changes, so it measures the stock run (``SWIFT_PLT_DISABLE=1``) and the
-plugin's runs the same way. Per step it appends to ``$STEP_PROBE_OUT`` (JSON lines, rank 0 only):
-  step, t_end (perf_counter after torch.cuda.synchronize() at the end of train_step), loss (ms-swift's sum/count over
-  the micro-batches' 'loss' metrics), grad_norm, max_mem_gib (torch.cuda.max_memory_allocated).
-``STEP_PROBE_PROFILE_STEP=n``: step n runs under torch.profiler (CPU + CUDA); its ``key_averages()`` go to
-``$STEP_PROBE_OUT.prof.json`` (name, count, self/total CPU and device time in us). ``STEP_PROBE_STOP=n``: the process
-exits (os._exit(0)) after step n, skipping the final checkpoint save. ``STEP_PROBE_BATCHES=1``: every model forward
-of the training steps appends to ``$STEP_PROBE_OUT.batches.jsonl`` the step and, per tensor argument
-(input_ids, position_ids, labels, attention_mask, packed_seq_params' cu_seqlens), its dtype, shape and SHA-1: the
-data two runs feed their models can be compared micro-batch by micro-batch (benchmarks/k1_gap_cpu.py).
+``swift.megatron.trainers.base`` and wraps ``BaseMegatronTrainer.train_step`` (one optimizer step). Nothing else
+changes, so it measures the stock run (``SWIFT_PLT_DISABLE=1``) and the plugin's runs the same way. Per step it
+appends to ``$STEP_PROBE_OUT`` (JSON lines, rank 0 only): step, t_end (perf_counter after torch.cuda.synchronize()),
+wall, loss (ms-swift's sum/count over the micro-batches' 'loss' metrics), grad_norm, max_mem_gib.
+``STEP_PROBE_PROFILE_STEP=n``: step n runs under torch.profiler; its ``key_averages()`` go to
+``$STEP_PROBE_OUT.prof.json``. ``STEP_PROBE_STOP=n``: the process exits (os._exit(0)) after step n (no final save).
 
-Pipelined runs (benchmarks/tput_launch.py): several processes start up at once (imports, megatron init, dataset
-tokenisation and packing: CPU work), but only the one holding the turn goes on to GPU-heavy work. With
-``STEP_PROBE_TURN_FILE`` and ``STEP_PROBE_TURN_ID`` set, the probe also wraps ``BaseMegatronTrainer.__init__`` and,
-before it runs, polls the turn file until it holds this run's id (the launcher writes it; it advances the turn only
-after the previous run's process has exited, so a crashed run cannot stall the rest). The turn is then held until the
-process exits. Checked in ms-swift 4.6.0 (swift/megatron/pipelines/train/sft.py, trainers/base.py,
-utils/megatron_lm_utils.py) that nothing GPU-heavy happens before that ``__init__``: ``MegatronSft.__init__`` builds
-the HF model on the ``meta`` device (``load_model=False``); the arguments' ``initialize_megatron`` does
-``set_device`` + ``init_process_group`` (the CUDA context; NCCL communicators are created lazily at the first
-collective) and ``set_random_seed`` (CUDA RNG states: a few bytes); ``run()`` then prepares the dataset
-(tokenisation, packing: CPU) and ``args.init_iters`` (arithmetic), then ``prepare_trainer()`` ->
-``BaseMegatronTrainer.__init__``, whose first statement of substance is ``prepare_model()`` (model build on the GPU,
-weights, then optimizer, ``warmup_jit_function``, checkpoint load). ``train()`` (dataloader workers, first step)
-comes after. So a waiting process holds only its CUDA context (~0.5 GiB) and runs no kernels.
-``STEP_PROBE_TRAIN_CPUS`` (e.g. ``0-5``): on getting the turn, every thread of the process (each tid in
-/proc/self/task) is moved to those cores with os.sched_setaffinity; threads and processes created later (dataloader
-workers, inductor compile workers) inherit it, and torch's intra-op pool is resized to the training cores minus 3
-(``fit_torch_threads``). The launcher starts the processes pinned to the other cores.
-``$STEP_PROBE_OUT.turn.json`` records (time.time()): ``launch`` (``STEP_PROBE_T_LAUNCH``, set by the launcher),
-``wait_start`` (``__init__`` entered), ``turn`` (turn seen), ``init_done`` (``__init__`` returned), the affinity
-before/after; each step record also carries ``wall`` (time.time() at its end).
+Turn gate (benchmarks/throughput/tput_launch.py): with ``STEP_PROBE_TURN_FILE`` and ``STEP_PROBE_TURN_ID`` set, the
+probe also wraps ``BaseMegatronTrainer.__init__`` and, before it runs, polls the turn file until it holds this run's
+id. In ms-swift 4.6 nothing GPU-heavy happens before that ``__init__`` (the HF model is built on ``meta``; dataset
+tokenisation and packing are CPU work; ``prepare_model()`` is its first statement of substance), so a waiting process
+holds only its CUDA context and runs no kernels. ``STEP_PROBE_TRAIN_CPUS`` (e.g. ``0-5``): on the turn, every thread
+is moved to those cores and torch's intra-op pool is resized to them minus 3 (``fit_torch_threads``).
+``$STEP_PROBE_OUT.turn.json`` records launch, wait_start, turn and init_done times and the affinity before/after.
 """
 import importlib.abc
 import importlib.util
@@ -63,48 +44,6 @@ def _dump_profile(prof, path, step):
             json.dump({'step': step, 'rows': rows}, f)
     except Exception as e:  # the probe must never break a run
         print(f'[step_probe] profiler failed: {e!r}', file=sys.stderr)
-
-
-def tensor_digest(t):
-    """dtype, shape and SHA-1 of a tensor's values (None stays None)."""
-    import hashlib
-    if t is None:
-        return None
-    c = t.detach().cpu().contiguous()
-    return [str(c.dtype), list(c.shape), hashlib.sha1(c.view(-1).view(torch_uint8()).numpy().tobytes()).hexdigest()]
-
-
-def torch_uint8():
-    import torch
-    return torch.uint8
-
-
-def batch_digest(kwargs):
-    """Digest of a model forward's inputs: every tensor keyword argument, and packed_seq_params' tensors/ints."""
-    import torch
-    rec = {}
-    for name, value in sorted(kwargs.items()):
-        if isinstance(value, torch.Tensor):
-            rec[name] = tensor_digest(value)
-        elif value is not None and name == 'packed_seq_params':
-            rec[name] = {k: tensor_digest(v) if isinstance(v, torch.Tensor) else v
-                         for k, v in sorted(vars(value).items()) if isinstance(v, (torch.Tensor, int, str, type(None)))}
-        elif value is not None:
-            rec[name] = repr(type(value))
-    return rec
-
-
-def _hook_batches(models, path, state):
-    def pre_hook(module, args, kwargs):
-        try:
-            rec = {'step': state['step'], 'n_args': len(args), **batch_digest(kwargs)}
-            with open(path, 'a') as f:
-                f.write(json.dumps(rec) + '\n')
-        except Exception as e:  # the probe must never break a run
-            print(f'[step_probe] batch digest failed: {e!r}', file=sys.stderr)
-
-    for m in models:
-        m.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
 
 def parse_cpus(spec):
@@ -136,11 +75,9 @@ def move_all_threads(cpus):
 
 
 def fit_torch_threads(n_cpus, reserved=3):
-    """After the move: torch's intra-op (OpenMP) pool was sized at start-up for the start cores (10 on 16); left at
-    that size on the fewer training cores, which also run the 2 dataloader workers and the pin-memory thread, every
-    CPU tensor op of the training loop oversubscribes them (on the H200, 2026-11-23: the K=4 run's CPU-side batch
-    checks on 8 x 8192 positions took 4-5 ms per op in the profiled step, ~150 ms per step, against ~0.1-1 ms each
-    on an idle core). Leave ``reserved`` cores to those. Returns (before, after)."""
+    """After the move: torch's intra-op pool was sized at start-up for the start cores; left at that size on the
+    fewer training cores (which also run the dataloader workers and the pin-memory thread) it oversubscribes them and
+    slows every CPU tensor op of the training loop. Leave ``reserved`` cores to those. Returns (before, after)."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, n_cpus - reserved))
@@ -202,15 +139,12 @@ def _wrap(module):
     prof_step = int(os.environ.get('STEP_PROBE_PROFILE_STEP', '0') or 0)
     stop = int(os.environ.get('STEP_PROBE_STOP', '0') or 0)
     state = {'step': 0}
-    batches = os.environ.get('STEP_PROBE_BATCHES', '') == '1'
 
     def train_step(self, train_data_iterator):
         import torch
         state['step'] += 1
         step = state['step']
         rank0 = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-        if batches and step == 1 and rank0:
-            _hook_batches(self.unwrapped_models, out + '.batches.jsonl', state)
         prof = None
         cuda = torch.cuda.is_available()
         if step == prof_step and rank0:

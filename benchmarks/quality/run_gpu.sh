@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The quality benchmark in one device call (1 GPU; ~8 min): from the root of a swift-plt checkout that holds the
-# data kit (prepare_data.py output) in $QUAL_KIT and the GPU kit in .gpu_kit:
-#     QUAL_KIT=path/to/kit bash benchmarks/quality/run_device.sh
-# -> $OUT: run.log, results.md, results.json, quality.png, logs.tar.xz (raw logs: every stage's logging.jsonl,
-#    gpu_time.json, megatron/export logs, plan, runner summary; eval.jsonl, meta.json, setup.log)
-# env: QUAL_BUDGET (seconds for the whole call, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
-#      110), QUAL_ARGS (extra run.py flags), QUAL_WORK, QUAL_TRACEBACK_EVERY (seconds: every Python process started
-#      after set-up dumps all its threads' stacks to runs/tb/PID.txt that often: for a run that hangs. It can crash
-#      the process it dumps: faulthandler reads the other threads' frames without the GIL; one SIGSEGV seen, README).
+# The quality benchmark on one GPU (~8 min for one size), from the root of a swift-plt checkout, on a GPU machine with
+# ms-swift[megatron], Transformer Engine and swift-plt installed; QUAL_KIT is prepare_data.py's output:
+#     QUAL_KIT=path/to/kit bash benchmarks/quality/run_gpu.sh
+# -> $OUT: run.log, results.md, results.json, quality.png, logs.tar.xz (every stage's logging.jsonl, gpu_time.json,
+#    megatron/export logs, plan; eval.jsonl, meta.json, setup.log)
+# env: QUAL_BUDGET (seconds for the whole run, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
+#      110), QUAL_ARGS (extra run.py flags), QUAL_WORK, SWIFT_PLT_GPU_ENV (optional script sourced first: the machine's
+#      environment), QUAL_TRACEBACK_EVERY (seconds: every Python process dumps its threads' stacks to runs/tb/PID.txt
+#      that often, to find a hang; it can crash the process it dumps, so never in runs whose figures are reported).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
@@ -18,15 +18,13 @@ rm -rf "$W"
 mkdir -p "$W"
 T0=$SECONDS
 BUDGET=${QUAL_BUDGET:-530}
-QKIT=$(cd "${QUAL_KIT:?set QUAL_KIT}" && pwd)  # not KIT: setup_device.sh sets that
-GPUKIT=${GPU_KIT:-$REPO/.gpu_kit}
+QKIT=$(cd "${QUAL_KIT:?set QUAL_KIT}" && pwd)
 {
   echo "== quality benchmark, $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) CPUs"
-  # shellcheck disable=SC1091
-  source "$GPUKIT/setup_device.sh" >"$W/setup.log" 2>&1 || { echo "setup FAILED"; exit 1; }
-  python3 -m pip install --no-deps --no-build-isolation --no-index . >>"$W/setup.log" 2>&1 ||
-    python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$W/setup.log" 2>&1 ||
-    { echo "pip install FAILED"; exit 1; }
+  # shellcheck disable=SC1090
+  if [ -n "${SWIFT_PLT_GPU_ENV:-}" ]; then source "$SWIFT_PLT_GPU_ENV" >"$W/setup.log" 2>&1 || { echo "setup FAILED"; exit 1; }; fi
+  command -v megatron >/dev/null 2>&1 || { echo "megatron (ms-swift[megatron]) not found"; exit 1; }
+  (cd /tmp && python3 -c "import swift_plt") 2>/dev/null || { echo "swift-plt is not installed (pip install .)"; exit 1; }
   echo "setup: t=$((SECONDS - T0))s"
   if [ -n "${QUAL_TRACEBACK_EVERY:-}" ]; then
     mkdir -p "$W/runs/tb"
