@@ -1,8 +1,8 @@
 """swift-plt: patch-level training (PLT) for Megatron-SWIFT. `pip install .` or `pip install -e .`: both put the
-startup hook swift_plt_startup.pth into site-packages (see swift_plt/activation.py)."""
+startup hook swift_plt_startup.pth into site-packages (see swift_plt/plugin/import_hook.py)."""
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 PTH = 'swift_plt_startup.pth'
@@ -79,29 +79,28 @@ setup(
     version='0.1.0',
     description='Patch-level training (PLT) for Megatron-SWIFT (ms-swift 4.x)',
     python_requires='>=3.10',
-    packages=['swift_plt', 'swift_plt.critic', 'swift_plt.patches'],
-    package_dir={'swift_plt.patches': 'patches'},  # the upstream touch points: one module per upstream module
+    packages=find_packages(include=['swift_plt', 'swift_plt.*']),
     cmdclass=cmdclass,
     install_requires=[
         'ms-swift[megatron]>=4.6.0,<4.7',
         'mcore-bridge>=1.6.0,<1.7',
         'megatron-core>=0.16.0,<0.17',
         # 4.57.x and 5.x up to ms-swift 4.6's own cap (transformers<5.20.0); verified 4.57.6 and 5.17 / 5.19.
-        # swift_plt/hf_compat.py holds the same range (checked at activation) and the 4.x / 5.x RoPE work-around.
+        # swift_plt/compat/transformers.py holds the same range (checked at activation) and the 4.x / 5.x RoPE work-around.
         'transformers>=4.57,<5.20',
         'datasets',
         'pyyaml',  # --config of the two-stage recipe (already a dependency of transformers / ms-swift)
         'torch',
-        'numpy',  # host-side batch checks (swift_plt.plt); already a dependency of megatron-core / transformers
+        'numpy',  # host-side batch checks (swift_plt.patch_level); already a dependency of megatron-core / transformers
     ],
     entry_points={
         'console_scripts': [
-            'swift-plt-two-stage = swift_plt.two_stage:main',
-            'swift-plt-export-vanilla = swift_plt.vanilla:main',
-            'swift-plt-make-tiny = swift_plt.tiny:main',
+            'swift-plt-two-stage = swift_plt.recipe.cli:main',
+            'swift-plt-export-vanilla = swift_plt.recipe.export:main',
+            'swift-plt-make-tiny = swift_plt.tools.tiny:main',
         ],
     },
-    # triton: tests/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it).
+    # triton: tests/*/test_plt_triton*.py run the fused loss kernel in Triton's CPU interpreter (CUDA torch ships it).
     # Bounded to the range tested: 3.9.0 (CPU suite, torch 2.13) and 3.6.0 (GPU kit, torch 2.11).
     # pytest-xdist: .ci/run runs the CPU suite on 2 workers (`pytest -n 2 --dist loadgroup`)
     extras_require={

@@ -5,6 +5,6 @@ ms-swift (HF backend: `PLTLlamaForCausalLM`, see custom_model/modeling_llama.py)
 importable, with mcore-bridge (Megatron backend: `PLTGPTModel`). Importing it again (every rank, every dataloader
 worker) is harmless. Needs the swift-plt package installed (`pip install .` at the repo root).
 """
-from swift_plt.register import register_all
+from swift_plt.plugin.register import register_all
 
 register_all()

@@ -1,7 +1,7 @@
 """Shared helpers of the patch modules: the upstream-moved guard and the one-time version check."""
 import inspect
 
-from swift_plt.versions import check_versions
+from swift_plt.compat.versions import check_versions
 
 _checked = set()
 

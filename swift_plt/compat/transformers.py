@@ -2,7 +2,7 @@
 
 Supported: transformers 4.57.x and 5.x below ms-swift 4.6's cap (``transformers<5.20.0`` in its requirements), i.e.
 ``>=4.57,<5.20``; verified on 4.57.6 (CPU suite) and 5.17 (GPU) / 5.19 (CPU suite). setup.py declares the same
-range, and ``swift_plt.versions.check_versions`` refuses anything else at activation.
+range, and ``swift_plt.compat.versions.check_versions`` refuses anything else at activation.
 
 The RoPE hazard. mcore-bridge 1.6.5 (``mcore_bridge/model/rope.py:get_rope_inv_freq``) copies its own table into
 transformers' process-global ``ROPE_INIT_FUNCTIONS`` every time it computes RoPE frequencies (any mcore model build):
@@ -19,7 +19,7 @@ lifted), transformers' ``_compute_default_rope_parameters`` on 4.x; the previous
 mcore-bridge's own computations are unaffected; it re-adds its entry on every call anyway). Product code that may
 build an HF model in a process where mcore-bridge ran uses it: the HF-side loaders of ``llama3_2_plt`` /
 ``llama3_2_critic`` (``swift export --to_hf --test_convert_precision`` loads the HF model after the mcore one) and
-``swift_plt.vanilla.check_vanilla``; so do the tiny-model generator (``swift_plt.tiny``) and the test harness.
+``swift_plt.recipe.export.check_vanilla``; so do the tiny-model generator (``swift_plt.tools.tiny``) and the test harness.
 """
 import contextlib
 import functools
@@ -53,7 +53,7 @@ def is_transformers_5(version: tuple = None) -> bool:
 def own_default_rope_fn():
     """transformers' own ``ROPE_INIT_FUNCTIONS['default']``: ``None`` on 5.x (there is none),
     ``modeling_rope_utils._compute_default_rope_parameters`` on 4.x."""
-    from .patches.transformers_modeling_rope_utils import own_default_rope_fn as own
+    from swift_plt.compat.transformers_rope import own_default_rope_fn as own
     return own(is_transformers_5())
 
 
@@ -62,8 +62,8 @@ def hf_rope_guard():
     """Build/load HF models inside this block: ``ROPE_INIT_FUNCTIONS['default']`` is transformers' own for its
     duration (lifted on 5.x, transformers' function on 4.x) and restored afterwards. See the module docstring. The
     touch itself, with the guard that fails loudly if transformers moved it, is
-    ``patches/transformers_modeling_rope_utils.py`` (``swift_plt.patches``: every upstream touch point)."""
-    from .patches.transformers_modeling_rope_utils import own_default_rope
+    ``swift_plt/compat/transformers_rope.py`` (``swift_plt.plugin.patches``: every upstream touch point)."""
+    from swift_plt.compat.transformers_rope import own_default_rope
     with own_default_rope(is_transformers_5()):
         yield
 

@@ -1,6 +1,6 @@
 """transformers ``transformers.modeling_rope_utils``: the process-global ``ROPE_INIT_FUNCTIONS`` table, whose
 ``'default'`` entry is transformers' own for the duration of ``own_default_rope()``, the context manager behind
-``swift_plt.hf_compat.hf_rope_guard`` (why: the RoPE hazard of mcore-bridge, explained there).
+``swift_plt.compat.transformers.hf_rope_guard`` (why: the RoPE hazard of mcore-bridge, explained there).
 
 Not an import-time patch (so not in ``PATCHES``): importing transformers changes nothing; the table is touched only
 inside the context manager, and its previous entry is put back on exit (also on an exception). What it touches is
@@ -11,7 +11,7 @@ verified versions, what to do) instead of an AttributeError or ImportError.
 import contextlib
 import importlib
 
-from ._guard import guard
+from swift_plt.compat.guard import guard
 
 TARGET = 'transformers.modeling_rope_utils'
 VERIFIED = 'transformers 4.57.6 and 5.19'

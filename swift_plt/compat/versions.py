@@ -1,7 +1,7 @@
 """The upstream versions swift-plt was verified against, and the check that refuses anything else."""
 from importlib import metadata
 
-from . import hf_compat
+from swift_plt.compat import transformers as hf_compat
 
 # distribution -> (verified prefix, human-readable range)
 VERIFIED = {
@@ -30,7 +30,7 @@ def check_versions(required=('ms-swift', )) -> None:
                 bad.append(f'{dist} is not installed (need {shown})')
         elif not version.startswith(prefix):
             bad.append(f'{dist}=={version} (verified: {shown})')
-    version = installed_version('transformers')  # a range across two majors (swift_plt/hf_compat.py)
+    version = installed_version('transformers')  # a range across two majors (swift_plt/compat/transformers.py)
     if version is not None and not hf_compat.is_supported(hf_compat.parse_version(version)):
         bad.append(f'transformers=={version} (supported: {hf_compat.SHOWN})')
     if bad:

@@ -1,7 +1,7 @@
 """Critic training arguments: ``--value_clip_range`` and the checks that must fail before step 1."""
 from typing import List
 
-from . import CRITIC_MODEL_TYPE
+from swift_plt.critic import CRITIC_MODEL_TYPE
 
 VALUE_CLIP_RANGE_HELP = (f'Critic training ({CRITIC_MODEL_TYPE}): PPO clipped value loss with this clip range eps, '
                          '0.5*max((v-R)^2, (clamp(v, v_old-eps, v_old+eps)-R)^2); every row then needs "old_values". '
@@ -25,7 +25,7 @@ def resolve_critic_args(args) -> None:
             raise ValueError(f'--value_clip_range trains a critic: use --model_type {CRITIC_MODEL_TYPE} '
                              '--custom_register_path custom_model/llama.py, or drop --value_clip_range.')
         return
-    from ..hf_compat import check_critic_supported
+    from swift_plt.compat.transformers import check_critic_supported
     check_critic_supported()  # transformers 4.57.x: refused with what to do
     if clip is not None and not clip >= 0:
         raise ValueError(f'--value_clip_range must be >= 0, got {clip}.')

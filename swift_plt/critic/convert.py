@@ -31,7 +31,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .keys import HEAD_KEY, LM_HEAD_KEY, check_critic_keys, critic_hf_config_dict
+from swift_plt.critic.keys import HEAD_KEY, LM_HEAD_KEY, check_critic_keys, critic_hf_config_dict
 
 FORMATS = {
     # format: ((head weight key, its bias key), ... tried in order), other keys dropped

@@ -28,7 +28,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-IGNORE_INDEX = -100
+from swift_plt.patch_level import IGNORE_INDEX
+
 TARGET_KEYS = ('returns', 'reward', 'old_values')  # row fields consumed here
 TOKEN_KEYS = ('returns', 'old_values')  # token-aligned float lists carried next to input_ids/labels
 

@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from .loss import STAT_KEYS, explained_variance_from_sums, value_loss, value_stats
+from swift_plt.critic.loss import STAT_KEYS, explained_variance_from_sums, value_loss, value_stats
 
 LossFn = Callable[[torch.Tensor, Dict[str, torch.Tensor]], tuple]
 
@@ -200,7 +200,7 @@ class MegatronCritic:
         loss function's metrics); elsewhere an empty list."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from .model import values as values_of  # [B, S, 1] -> [B, S-1]
+        from swift_plt.critic.model import values as values_of  # [B, S, 1] -> [B, S-1]
         self._check_batch(batch, forward_only)
         batch, _ = left_align(batch)
         micro_batches = self._micro_batches(batch)

@@ -6,9 +6,9 @@ import torch
 from swift.model.register import ModelLoader
 from transformers import AutoModelForTokenClassification
 
-from ..hf_compat import check_critic_supported, hf_rope_guard
-from . import CRITIC_MODEL_TYPE
-from .keys import HEAD_KEY, critic_hf_config, read_safetensors_shapes
+from swift_plt.compat.transformers import check_critic_supported, hf_rope_guard
+from swift_plt.critic import CRITIC_MODEL_TYPE
+from swift_plt.critic.keys import HEAD_KEY, critic_hf_config, read_safetensors_shapes
 
 
 def ignore_token_labels(model) -> None:
@@ -43,7 +43,7 @@ def init_missing_hf_head(model, model_dir: str) -> None:
 class CriticHFLoader(ModelLoader):
 
     def __init__(self, *args, **kwargs):
-        check_critic_supported()  # transformers 4.57.x: refused before anything loads (swift_plt/hf_compat.py)
+        check_critic_supported()  # transformers 4.57.x: refused before anything loads (swift_plt/compat/transformers.py)
         super().__init__(*args, **kwargs)
         self.auto_model_cls = self.auto_model_cls or AutoModelForTokenClassification
 
@@ -51,7 +51,7 @@ class CriticHFLoader(ModelLoader):
         return critic_hf_config(super().get_config(model_dir))
 
     def get_model(self, model_dir, config, processor, model_kwargs):
-        with hf_rope_guard():  # safe after mcore-bridge ran in this process (swift_plt/hf_compat.py)
+        with hf_rope_guard():  # safe after mcore-bridge ran in this process (swift_plt/compat/transformers.py)
             model = super().get_model(model_dir, config, processor, model_kwargs)
         ignore_token_labels(model)
         if not self.return_dummy_model:

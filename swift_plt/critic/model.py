@@ -40,7 +40,7 @@ split, so each value/target pair is local to a rank. The ``MegatronCritic`` engi
 shift by one token would cross CP slice boundaries; see swift_plt.critic.engine).
 
 Not supported (refused in ``CriticModelConfig`` with a message): MTP, patch-level training (``--patch_size`` > 1 is
-refused by swift_plt.arguments for any model type but ``llama3_2_plt``).
+refused by swift_plt.plugin.arguments for any model type but ``llama3_2_plt``).
 """
 from dataclasses import dataclass
 
@@ -51,8 +51,8 @@ from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 from mcore_bridge.utils import get_logger, unwrap_model
 
-from . import CRITIC_MODEL_TYPE
-from .keys import HEAD_KEY, check_critic_keys, critic_hf_config, read_safetensors_shapes
+from swift_plt.critic import CRITIC_MODEL_TYPE
+from swift_plt.critic.keys import HEAD_KEY, check_critic_keys, critic_hf_config, read_safetensors_shapes
 
 logger = get_logger()
 
@@ -68,7 +68,7 @@ def values(output: torch.Tensor) -> torch.Tensor:
 class CriticModelConfig(ModelConfig):
 
     def __post_init__(self):
-        from ..hf_compat import check_critic_supported
+        from swift_plt.compat.transformers import check_critic_supported
         check_critic_supported()  # transformers 4.57.x: refused (the HF format needs a bias-free token-cls head)
         unsupported = {
             'mtp_num_layers (no multi-token prediction for a critic)': bool(self.mtp_num_layers),
@@ -101,7 +101,7 @@ class CriticGPTModel(GPTModel):
 
     def __init__(self, config, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        # True while loading a causal-LM mcore checkpoint (patches/swift_megatron_utils_megatron_lm_utils.py): the
+        # True while loading a causal-LM mcore checkpoint (swift_plt/plugin/patches/swift_megatron_utils_megatron_lm_utils.py): the
         # head is then left out of the sharded state dict and initialised instead.
         self.checkpoint_without_head = False
         if self.post_process:

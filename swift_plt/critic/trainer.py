@@ -1,8 +1,8 @@
 """``MegatronCriticTrainer``: ms-swift's Megatron trainer with the masked value loss (``megatron sft``/``pt`` with
-``--model_type llama3_2_critic``; chosen by patches/swift_megatron_pipelines_train_sft.py).
+``--model_type llama3_2_critic``; chosen by swift_plt/plugin/patches/swift_megatron_pipelines_train_sft.py).
 
 Everything else (data loading, schedules, optimizer, checkpointing, logging) is upstream's MegatronTrainer. The batch
-carries token-aligned ``returns``/``old_values`` next to ``labels`` (patches/swift_template.py); here they become
+carries token-aligned ``returns``/``old_values`` next to ``labels`` (swift_plt/plugin/patches/swift_template.py); here they become
 value-aligned (swift_plt.critic.data.value_targets) before upstream's batch preparation rolls/slices the rest, and
 the model is called without labels, so its output is the per-token values [B, S, 1] on the last pipeline stage.
 
@@ -26,8 +26,8 @@ from megatron.core.utils import get_attr_wrapped_model
 
 from swift.megatron.trainers import MegatronTrainer
 from swift.utils import get_current_device, to_device
-from .data import value_targets
-from .loss import clipped_tokens, explained_variance_from_sums, masked_value_losses, value_stats
+from swift_plt.critic.data import value_targets
+from swift_plt.critic.loss import clipped_tokens, explained_variance_from_sums, masked_value_losses, value_stats
 
 # what upstream's batch preparation and the model take; other collated keys (row fields kept because critic runs set
 # remove_unused_columns=False, e.g. "dataset", "add_eos") are dropped.

@@ -25,7 +25,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, List, Optional, Sequence
 
-IGNORE_INDEX = -100
+from swift_plt.patch_level import IGNORE_INDEX
+
 REPORT_FILE = 'plt_data_report.json'
 MIN_FRACTION_ENV = 'SWIFT_PLT_MIN_LOSS_FRACTION'  # warn below this share of K=1's loss tokens
 MAX_DOCS_ENV = 'SWIFT_PLT_REPORT_DOCS'  # documents counted per data set (0: all, also for streaming)

@@ -1,7 +1,7 @@
 """The HF side of ``llama3_2_plt``: ``PLTLlamaForCausalLM``, a subclass of transformers' ``LlamaForCausalLM``.
 
 ``config.patch_size`` K (default 1) is the only addition. K == 1: every method is ``LlamaForCausalLM``'s, called
-as is. K > 1 (training only), the delta of PatchTrain's ``modeling_llama.py``, with the math of ``swift_plt.plt``
+as is. K > 1 (training only), the delta of PatchTrain's ``modeling_llama.py``, with the math of ``swift_plt.patch_level``
 (the same functions the Megatron model uses):
   * the K token embeddings of each patch are mean-pooled; positions and the padding mask become patch-level,
     so RoPE and the causal (or packed, from position_ids) mask run over patches;
@@ -19,8 +19,9 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .plt import (IGNORE_INDEX, check_patch_aligned, mask_first_patch, patch_padding_mask, patch_position_ids,
-                  plt_token_losses, pool_patches)
+from swift_plt.patch_level import IGNORE_INDEX
+from swift_plt.patch_level.layout import check_patch_aligned, mask_first_patch, patch_padding_mask, patch_position_ids, pool_patches
+from swift_plt.patch_level.loss import plt_token_losses
 
 GENERATE_ERROR = ('patch_size={k}: a patch-level (PLT) model does not generate token by token. Generate with the '
                   'token-level model: load the checkpoint as a plain Llama (LlamaForCausalLM; swift-plt saves it '

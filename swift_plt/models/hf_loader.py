@@ -2,13 +2,13 @@
 transformers' own ``LlamaForCausalLM`` (K=1 loads exactly what model type ``llama`` loads)."""
 from swift.model.register import ModelLoader
 
-from .hf_compat import hf_rope_guard
+from swift_plt.compat.transformers import hf_rope_guard
 
 
 class PLTLlamaLoader(ModelLoader):
 
     def __init__(self, *args, patch_size=None, **kwargs):
-        # patch_size: from the HF-side arguments (patches/swift_arguments_base_args.py); None (direct API use):
+        # patch_size: from the HF-side arguments (swift_plt/plugin/patches/swift_arguments_base_args.py); None (direct API use):
         # `patch_size` of the config.json, else 1
         super().__init__(*args, **kwargs)
         self.patch_size = patch_size
@@ -16,10 +16,10 @@ class PLTLlamaLoader(ModelLoader):
     def get_model(self, model_dir, config, processor, model_kwargs):
         k = self.patch_size or getattr(config, 'patch_size', None) or 1
         if k > 1 and self.auto_model_cls is None:
-            from .modeling_llama import PLTLlamaForCausalLM
+            from swift_plt.models.hf_llama import PLTLlamaForCausalLM
             config.patch_size = k
             self.auto_model_cls = PLTLlamaForCausalLM
         # safe after mcore-bridge ran in this process (e.g. `swift export --to_hf --test_convert_precision`), on
-        # transformers 4.57.x and 5.x (swift_plt/hf_compat.py)
+        # transformers 4.57.x and 5.x (swift_plt/compat/transformers.py)
         with hf_rope_guard():
             return super().get_model(model_dir, config, processor, model_kwargs)

@@ -5,10 +5,10 @@
     attention mask and the packed-sequence (THD) boundaries handed to upstream's forward are patch-level;
     every tensor between pipeline stages is therefore [P, B, H] (virtual pipeline too). Under sequence parallel the
     embedding output is already scattered along the sequence ([S/TP, B, H] per TP rank); with S a multiple of
-    K * TP (swift_plt.plt.patch_padding_to) each rank's slice is whole patches, and pooling it gives exactly that
+    K * TP (swift_plt.patch_level.layout.patch_padding_to) each rank's slice is whole patches, and pooling it gives exactly that
     rank's [P/TP, B, H] slice of the patch sequence, which is what upstream's decoder expects under SP (RoPE length,
     padding mask chunks and the output layer's all-gather are computed by upstream from it);
-  * ``compute_language_model_loss``: the PLT loss (swift_plt.plt.plt_token_losses), vocab-parallel under TP,
+  * ``compute_language_model_loss``: the PLT loss (swift_plt.patch_level.loss.plt_token_losses), vocab-parallel under TP,
     returned token-aligned [B, S] like upstream's, so ms-swift's ``loss_func`` (sum over labels != -100, per-token
     normalisation across DP) is unchanged.
 Under context parallel (K > 1) the batch arrives split along the sequence, each rank's slice whole patches; the THD
@@ -26,8 +26,8 @@ from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 
-from .plt import (check_sequence_parallel_length, cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens,
-                  patch_position_ids, plt_local_token_losses, plt_token_losses, pool_patches)
+from swift_plt.patch_level.layout import check_sequence_parallel_length, cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens, patch_position_ids, pool_patches
+from swift_plt.patch_level.loss import plt_local_token_losses, plt_token_losses
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PLTModelConfig(ModelConfig):
         if self.patch_size is None:
             self.patch_size = int(getattr(self.hf_config, 'patch_size', None) or 1)
         if self.patch_size > 1:
-            # The CLI already refused these (swift_plt.arguments); this guards direct API use (RL drivers, scripts).
+            # The CLI already refused these (swift_plt.plugin.arguments); this guards direct API use (RL drivers, scripts).
             unsupported = {
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
@@ -164,7 +164,7 @@ class PLTGPTModel(GPTModel):
         # The logits come straight from the output layer, whose backward does not keep them: the fused loss (CUDA)
         # writes their gradient into their storage (inplace_grad), the torch path ignores the flag.
         if self.config.context_parallel_size > 1:
-            # labels were rolled by K before the CP split (patches/swift_megatron_trainers_utils.py): the targets of
+            # labels were rolled by K before the CP split (swift_plt/plugin/patches/swift_megatron_trainers_utils.py): the targets of
             # each local patch are its own K label slots
             return plt_local_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)
         return plt_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)

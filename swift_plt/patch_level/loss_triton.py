@@ -1,6 +1,6 @@
-"""Fused PLT loss in Triton: the CUDA path of ``swift_plt.plt.plt_token_losses``.
+"""Fused PLT loss in Triton: the CUDA path of ``swift_plt.patch_level.loss.plt_token_losses``.
 
-Same result as ``swift_plt.plt._PatchCrossEntropy`` (the reference and the CPU path), without its fp32 copy of the
+Same result as ``swift_plt.patch_level.loss._PatchCrossEntropy`` (the reference and the CPU path), without its fp32 copy of the
 logits:
 
 * forward, phase 1 (kernel ``_plt_fwd_stats``, one program per row): one pass over the bf16 row gives the local max
@@ -17,7 +17,7 @@ logits:
 Memory: the forward saves only the bf16 logits (already alive), max and log(sum_exp) [N] and the targets; backward allocates nothing of
 size [N, V] in place, one bf16 [N, V] otherwise. The reference keeps an fp32 [N, V] softmax.
 
-Opt-out: ``SWIFT_PLT_FUSED_LOSS=0`` (``swift_plt.plt`` then uses the torch reference on CUDA too). On CPU the torch
+Opt-out: ``SWIFT_PLT_FUSED_LOSS=0`` (``swift_plt.patch_level`` then uses the torch reference on CUDA too). On CPU the torch
 path is used unless the caller asks for ``impl='triton'`` (tests run the kernels in Triton's interpreter,
 ``TRITON_INTERPRET=1``). Kernels are built on first use, so the interpreter flag is read then.
 """
@@ -27,7 +27,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-IGNORE_INDEX = -100
+from swift_plt.patch_level import IGNORE_INDEX
+
 BLOCK_FWD = 4096  # vocab elements per step of the row loop (forward)
 BLOCK_BWD = 4096  # vocab elements per program (backward)
 
@@ -99,7 +100,7 @@ def _next_pow2(n: int) -> int:
 
 
 class _PatchCrossEntropyTriton(torch.autograd.Function):
-    """Same contract as ``swift_plt.plt._PatchCrossEntropy``: logits [P, B, Vl] (this rank's vocab slice), target
+    """Same contract as ``swift_plt.patch_level.loss._PatchCrossEntropy``: logits [P, B, Vl] (this rank's vocab slice), target
     [P, B, K] global ids (-100 ignored) -> float32 NLL [P, B, K] (0 where ignored)."""
 
     @staticmethod

@@ -1,7 +1,7 @@
 """``--patch_size``: resolution (CLI > HF config.json > 1) and every check that must fail before step 1."""
 from typing import Optional
 
-from . import PLT_MODEL_TYPE
+from swift_plt import PLT_MODEL_TYPE
 
 PATCH_SIZE_HELP = ('Patch-level training: number of consecutive tokens K pooled into one patch (model type '
                    f'{PLT_MODEL_TYPE} only). 1 = ordinary token-level training. Default: `patch_size` of the HF '

@@ -4,7 +4,7 @@ Why a startup hook: ms-swift parses the command line *before* it imports ``--cus
 rejects unknown flags, and ``megatron pt`` re-launches itself under torchrun, so ``--patch_size`` must exist in
 ms-swift's argument dataclass in every rank before parsing. The wheel installs ``swift_plt_startup.pth`` into
 site-packages; Python runs it at start-up and it calls ``install()``, which only registers a ``sys.meta_path``
-finder (no torch / ms-swift import). When one of the modules named in ``swift_plt.patches.PATCHES`` is imported,
+finder (no torch / ms-swift import). When one of the modules named in ``swift_plt.plugin.patches.PATCHES`` is imported,
 the finder lets it execute and then applies its patch, before anything else can take references to the
 patched names.
 
@@ -14,7 +14,7 @@ import importlib.abc
 import os
 import sys
 
-from .versions import DISABLE_ENV
+from swift_plt.compat.versions import DISABLE_ENV
 
 
 def disabled() -> bool:
@@ -71,7 +71,7 @@ def install() -> bool:
         return False
     if _finder is not None:
         return True
-    from .patches import PATCHES
+    from swift_plt.plugin.patches import PATCHES
     hooks = {p.TARGET: p.apply for p in PATCHES}
     _finder = _PostImportPatcher(hooks)
     sys.meta_path.insert(0, _finder)

@@ -1,7 +1,7 @@
 """Registration of ``llama3_2_plt`` and ``llama3_2_critic`` with ms-swift (HF side) and mcore-bridge (Megatron
 side). Idempotent."""
-from . import PLT_MODEL_TYPE
-from .critic import CRITIC_MODEL_TYPE
+from swift_plt import PLT_MODEL_TYPE
+from swift_plt.critic import CRITIC_MODEL_TYPE
 
 
 def register_swift() -> None:
@@ -9,7 +9,7 @@ def register_swift() -> None:
     from swift.model.model_arch import ModelArch
     from swift.template import TemplateType
 
-    from .loader import PLTLlamaLoader
+    from swift_plt.models.hf_loader import PLTLlamaLoader
     register_model(
         ModelMeta(
             PLT_MODEL_TYPE,
@@ -32,7 +32,7 @@ def register_mcore() -> bool:
         from mcore_bridge.model.register import ModelMeta, register_model
     except ImportError:
         return False
-    from .model import PLTModelConfig, PLTModelLoader
+    from swift_plt.models.megatron_gpt import PLTModelConfig, PLTModelLoader
     register_model(
         ModelMeta(PLT_MODEL_TYPE, [PLT_MODEL_TYPE], loader=PLTModelLoader, config_cls=PLTModelConfig), exist_ok=True)
     return True
@@ -45,8 +45,8 @@ def register_critic_swift() -> None:
     from swift.model.model_arch import ModelArch
     from swift.template import TemplateType
 
-    from .critic.hf import CriticHFLoader
-    from .critic.keys import HF_ARCHITECTURE
+    from swift_plt.critic.hf import CriticHFLoader
+    from swift_plt.critic.keys import HF_ARCHITECTURE
 
     register_model(
         ModelMeta(
@@ -68,7 +68,7 @@ def register_critic_mcore() -> bool:
         from mcore_bridge.model.register import ModelMeta, register_model
     except ImportError:
         return False
-    from .critic.model import CriticBridge, CriticModelConfig, CriticModelLoader
+    from swift_plt.critic.model import CriticBridge, CriticModelConfig, CriticModelLoader
     register_model(
         ModelMeta(CRITIC_MODEL_TYPE, [CRITIC_MODEL_TYPE], loader=CriticModelLoader, config_cls=CriticModelConfig,
                   bridge_cls=CriticBridge),

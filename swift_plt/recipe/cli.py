@@ -1,6 +1,6 @@
 """The two-stage PLT recipe in one command: patch-level stage, token-level stage, vanilla export.
 
-    python -m swift_plt.two_stage --model HF_DIR --tokens 2B --max_length 2048 --global_batch_size 256 \\
+    python -m swift_plt.recipe.cli --model HF_DIR --tokens 2B --max_length 2048 --global_batch_size 256 \\
         --output_dir runs/plt [--patch_size 4] [--lam 2/3] [--dry_run] [--config examples/two_stage.yaml] \\
         [any `megatron pt` flag: --dataset ... --lr ... (passed to both stages)]
     swift-plt-two-stage ...             (the same, console script)
@@ -13,14 +13,14 @@ torchrun with NPROC_PER_NODE set in the environment); its output goes to our std
   stage 2  megatron pt --model_type llama3_2_plt --patch_size 1 --max_length T --train_iters n2
            --mcore_model OUTPUT_DIR/stage1_patch/checkpoint-n1 --finetune true --output_dir OUTPUT_DIR/stage2_token
   export   megatron export --mcore_model OUTPUT_DIR/stage2_token/checkpoint-n2 --to_hf ... -> OUTPUT_DIR/hf
-           (then swift_plt.vanilla.make_vanilla: a plain HF Llama)
+           (then swift_plt.recipe.export.make_vanilla: a plain HF Llama)
 
 Hand-over (weights only): ``--mcore_model <stage-1 checkpoint> --finetune true`` is ms-swift/Megatron's own
 weights-only load (``load_mcore_checkpoint``: with finetune it loads no optimizer, LR scheduler or RNG state and
 starts at iteration 0, i.e. exactly the paper's reset). It reads the checkpoint as trained (no HF round trip) and
 dist-checkpointing reshards it, so stage 2 may use another TP/PP layout. For it the stages save Megatron
 checkpoints (``--save_safetensors false``: ms-swift would skip the Megatron weights when saving safetensors without
-optimizer state); the HF model comes from the export, for stage 1 too (``swift_plt.vanilla``).
+optimizer state); the HF model comes from the export, for stage 1 too (``swift_plt.recipe.export``).
 
 Resume (rerun the same command): the state of each stage is read from its output dir:
   * complete   ``checkpoint-n/latest_checkpointed_iteration.txt`` reads n (megatron writes it after the data) with
@@ -42,10 +42,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import PLT_MODEL_TYPE
-from .data_report import REPORT_FILE, estimate_loss_tokens, read_reports
-from .plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, STAGE1_BATCH, TwoStagePlan, make_plan
-from .vanilla import (PROVENANCE, REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
+from swift_plt import PLT_MODEL_TYPE
+from swift_plt.data.report import REPORT_FILE, estimate_loss_tokens, read_reports
+from swift_plt.recipe.plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, STAGE1_BATCH, TwoStagePlan, make_plan
+from swift_plt.recipe.export import (PROVENANCE, REGISTER_FILE, check_export_args, checkpoint_iteration, cli_executable, export_vanilla,
                       list_checkpoints, run_logged)
 
 STAGE_DIRS = {1: 'stage1_patch', 2: 'stage2_token'}
@@ -297,7 +297,7 @@ def plan_steps(opts: Options, plan: TwoStagePlan) -> List[Step]:
     if 3 in want:
         if not s2.complete and 2 not in want:
             raise RecipeError(f'nothing to export: stage 2 is not complete ({s2.final_checkpoint} missing). Run the '
-                              'stages first, or export any checkpoint with `python -m swift_plt.vanilla`.')
+                              'stages first, or export any checkpoint with `python -m swift_plt.recipe.export`.')
         hf = os.path.join(out, EXPORT_DIR)
         done = exported_from(hf) == os.path.abspath(s2.final_checkpoint)
         steps.append(Step('export', f'skip (done: {hf})' if done else f'{s2.final_checkpoint} -> {hf}', None))

@@ -1,6 +1,6 @@
 """Vanilla export: any Megatron checkpoint of a ``llama3_2_plt`` run (patch stage or token stage) -> a plain HF Llama.
 
-    python -m swift_plt.vanilla --checkpoint OUT/stage2_token [--output_dir DIR] [--model HF_DIR] [-- EXPORT_ARGS]
+    python -m swift_plt.recipe.export --checkpoint OUT/stage2_token [--output_dir DIR] [--model HF_DIR] [-- EXPORT_ARGS]
     swift-plt-export-vanilla ...        (the same, console script)
 
 The weights of a PLT model are Llama's whatever K was (K only changes how the model is *trained*), so the export
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence
 
-from . import PLT_MODEL_TYPE
+from swift_plt import PLT_MODEL_TYPE
 
 TRACKER = 'latest_checkpointed_iteration.txt'
 PROVENANCE = 'swift_plt_export.json'
@@ -130,7 +130,7 @@ def check_vanilla(hf_dir: str) -> dict:
         raise AssertionError(f'{hf_dir} is not a vanilla Llama checkpoint: ' + '; '.join(problems))
     from transformers import AutoModelForCausalLM
 
-    from .hf_compat import hf_rope_guard
+    from swift_plt.compat.transformers import hf_rope_guard
     with hf_rope_guard():  # safe after mcore-bridge ran in this process, on transformers 4.57.x and 5.x
         model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False)
     cls = type(model)

@@ -1,11 +1,11 @@
 """Tiny offline fixtures: a random-init HF Llama with a trained byte-level BPE tokenizer, and ms-swift jsonl data.
 
     swift-plt-make-tiny OUT_DIR            # -> OUT_DIR/model, OUT_DIR/train.jsonl (the quickstarts' model and data)
-    python -m swift_plt.tiny OUT_DIR       # the same
+    python -m swift_plt.tools.tiny OUT_DIR       # the same
 
 Nothing is downloaded. The corpus is generated from a fixed vocabulary of English words, so the tokenizer and the
 data are identical on every machine for a given seed. The test harness (``tests/harness``) re-exports these
-generators; HF models are built under ``swift_plt.hf_compat.hf_rope_guard`` (safe after mcore-bridge ran in the
+generators; HF models are built under ``swift_plt.compat.transformers.hf_rope_guard`` (safe after mcore-bridge ran in the
 process, on transformers 4.57.x and 5.x).
 """
 import argparse
@@ -15,7 +15,7 @@ import random
 import sys
 from typing import List, Optional
 
-from .hf_compat import hf_rope_guard
+from swift_plt.compat.transformers import hf_rope_guard
 
 _SUBJECTS = [
     'The old sailor', 'A young scientist', 'My neighbour', 'The small cat', 'Every student', 'The quiet engineer',
@@ -190,7 +190,7 @@ def make_tiny_critic(out_dir: str, lm_dir: str, *, seed: int = 1, head_std: floa
     import torch
     from transformers import AutoConfig, LlamaForTokenClassification
 
-    from .critic.keys import critic_hf_config
+    from swift_plt.critic.keys import critic_hf_config
 
     config = critic_hf_config(AutoConfig.from_pretrained(lm_dir))
     with _fork_rng(seed), hf_rope_guard():

@@ -1,4 +1,4 @@
-"""transformers compatibility (swift_plt/hf_compat.py), on whichever transformers this venv has (CI runs the suite on
+"""transformers compatibility (swift_plt/compat/transformers.py), on whichever transformers this venv has (CI runs the suite on
 5.19 and these tests again on 4.57.6): the supported range is checked at activation; ``hf_rope_guard`` makes HF Llama
 builds correct after mcore-bridge's real ``get_rope_inv_freq`` ran in the process; `swift export --to_hf
 --test_convert_precision` of ``llama3_2_plt`` (an HF model loaded after the mcore one) passes; examples import nothing
@@ -13,9 +13,9 @@ import torch
 from harness.cli import convert_precision, run_cli
 from harness.dist import spawn
 from harness.tiny import make_tiny_llama
-from swift_plt import hf_compat, versions
+from swift_plt.compat import transformers as hf_compat, versions
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 CUSTOM_MODEL = os.path.join(REPO, 'custom_model', 'llama.py')
 
 
@@ -84,7 +84,7 @@ def _rope_hazard_worker(hf_dir, input_ids):
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from harness import install
-    from swift_plt.hf_compat import hf_rope_guard, own_default_rope_fn
+    from swift_plt.compat.transformers import hf_rope_guard, own_default_rope_fn
 
     def logits():
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
@@ -163,12 +163,12 @@ def test_rope_guard_restores_on_error():
 
 
 def test_rope_guard_fails_loudly_if_transformers_moved(monkeypatch):
-    """Review #8: the touch is guarded (patches/transformers_modeling_rope_utils.py): if transformers moved the table
+    """Review #8: the touch is guarded (swift_plt/compat/transformers_rope.py): if transformers moved the table
     or (4.x) its default function, or changed that function's parameters, the guard raises with the verified
     versions and what to do (not an ImportError / AttributeError at model load), and the table is left alone."""
     from transformers import modeling_rope_utils
 
-    from swift_plt.patches import transformers_modeling_rope_utils as touch
+    from swift_plt.compat import transformers_rope as touch
     table = modeling_rope_utils.ROPE_INIT_FUNCTIONS
     before = dict(table)
 
@@ -209,7 +209,7 @@ def test_rope_guard_fails_loudly_if_transformers_moved(monkeypatch):
 def test_swift_export_to_hf_test_convert_precision(tmp_path):
     """`swift export --to_hf --test_convert_precision true` of llama3_2_plt: ms-swift loads the HF model through our
     loader after building the mcore model in the same process (on transformers 5.x without hf_rope_guard in
-    swift_plt/loader.py: "'LlamaConfig' object has no attribute 'rope_theta'"); its precision check passes."""
+    swift_plt/models/hf_loader.py: "'LlamaConfig' object has no attribute 'rope_theta'"); its precision check passes."""
     model = make_tiny_llama(str(tmp_path / 'hf'), dtype='bfloat16')
     common = ['--model_type', 'llama3_2_plt', '--custom_register_path', CUSTOM_MODEL, '--torch_dtype', 'bfloat16']
     proc = run_cli(['swift', 'export', '--model', model, *common, '--to_mcore', 'true', '--output_dir',
@@ -220,7 +220,7 @@ def test_swift_export_to_hf_test_convert_precision(tmp_path):
     assert proc.returncode == 0, proc.stdout[-5000:]
     # ms-swift's criterion: mean_diff (with loss) < 0.1. HF and Megatron are two code paths in bf16 and this random
     # model's logits are nearly flat, so a few argmax near-ties may flip (1 of ~340 seen on transformers 4.57.6 in
-    # the --to_mcore check): >= 95% argmax agreement, as in tests/test_cli_cpu.py's round trip.
+    # the --to_mcore check): >= 95% argmax agreement, as in tests/plugin/test_cli_cpu.py's round trip.
     mean_diff, agreement = convert_precision(proc.stdout)
     print(f'--to_hf test_convert_precision: mean_diff (with loss) {mean_diff}, argmax agreement {agreement:.4f}')
     assert mean_diff < 0.1 and agreement >= 0.95, (mean_diff, agreement)
@@ -228,7 +228,7 @@ def test_swift_export_to_hf_test_convert_precision(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- examples
 def test_examples_import_nothing_from_tests():
-    """Examples are product: they use the installed package (swift_plt.tiny), never tests/ (no sys.path edits)."""
+    """Examples are product: they use the installed package (swift_plt.tools.tiny), never tests/ (no sys.path edits)."""
     offenders = []
     for path in glob.glob(os.path.join(REPO, 'examples', '*')):
         with open(path, encoding='utf-8') as f:

@@ -13,7 +13,7 @@ from harness.compat import requires_critic_transformers
 from harness.tiny import make_tiny_critic, make_tiny_llama
 
 pytestmark = [pytest.mark.slow, requires_critic_transformers]
-CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
 
 
 def _bf16_copy(src, dst):

@@ -161,7 +161,7 @@ def test_cli_entry_point(lm, tmp_path):
 
 
 def test_patch_level_training_is_refused_for_the_critic():
-    from swift_plt.arguments import check_patch_size
+    from swift_plt.plugin.arguments import check_patch_size
     with pytest.raises(ValueError, match=f'model type `{CRITIC_MODEL_TYPE}` has no patch-level training'):
         check_patch_size(4, CRITIC_MODEL_TYPE, False)
     check_patch_size(1, CRITIC_MODEL_TYPE, False)

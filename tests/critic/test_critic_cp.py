@@ -188,7 +188,7 @@ def test_collated_targets_stay_on_their_tokens_under_cp(template, cp, padding_fr
 
 
 def test_engine_under_context_parallel_needs_ddp_for_updates():
-    """The engine runs under CP (tests/test_layouts_cp_cpu.py: CP=2 == 1 rank); updates need megatron DDP, which
+    """The engine runs under CP (tests/layouts/test_layouts_cp_cpu.py: CP=2 == 1 rank); updates need megatron DDP, which
     sums the CP ranks' gradients: a bare model with an optimizer is refused with what to do."""
     from swift_plt.critic.engine import MegatronCritic
     model = torch.nn.Linear(1, 1)

@@ -1,4 +1,4 @@
-"""Critic rows through the real ms-swift template + collator (patches/swift_template.py): returns land on exactly
+"""Critic rows through the real ms-swift template + collator (swift_plt/plugin/patches/swift_template.py): returns land on exactly
 the tokens ms-swift trains on, padded and padding-free layouts match input_ids/labels, bad rows fail at encode time,
 and templates of other runs are untouched (patched vs original)."""
 import copy

@@ -34,7 +34,7 @@ def _worker(critic_dir, mbs, steps, with_hf):
 
     from harness.model import build_mcore_model
     from swift_plt.critic.engine import MegatronCritic, response_to_values
-    from swift_plt.register import register_critic_mcore
+    from swift_plt.plugin.register import register_critic_mcore
 
     input_ids, attention_mask, response_returns, response_mask = make_batch()
     out = {}

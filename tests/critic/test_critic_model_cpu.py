@@ -24,7 +24,7 @@ def _critic_run(hf_dir, input_ids, fill_head=None, grad_weights=None):
 
     from harness.model import build_mcore_model, mcore_logits
     from swift_plt.critic import model as critic_model
-    from swift_plt.register import register_critic_mcore
+    from swift_plt.plugin.register import register_critic_mcore
     assert register_critic_mcore()
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     models = build_mcore_model(hf_dir, mcore_model_type='llama3_2_critic', tp=tp, pp=pp, load_weights=False)
@@ -244,7 +244,7 @@ def test_load_patch_is_what_ms_swift_calls():
 def _hf_side(lm, critic):
     from swift.model import get_model_processor
 
-    from swift_plt.register import register_critic_swift
+    from swift_plt.plugin.register import register_critic_swift
     register_critic_swift()
     out = {}
     for name, d in (('lm', lm), ('critic', critic)):

@@ -14,7 +14,7 @@ from harness.critic_rows import write_critic_jsonl
 from harness.tiny import make_tiny_llama
 
 pytestmark = [pytest.mark.slow, requires_critic_transformers]
-CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
 
 
 @pytest.fixture(scope='module')
@@ -77,7 +77,7 @@ def test_clipped_value_loss_on_per_token_returns(tiny, tmp_path):
     assert all(0.0 <= d['value_clipfrac'] <= 1.0 for d in logs)
 
 
-# Every data error is tested at the template (tests/test_critic_data.py); here one data error and one argument error
+# Every data error is tested at the template (tests/critic/test_critic_data.py); here one data error and one argument error
 # show that they reach the CLI user before step 1 (each CLI run costs ~20 s on CPU).
 @pytest.mark.parametrize('kind, extra, message', [
     ('misaligned', [], '"returns" has 3 values but the response has'),

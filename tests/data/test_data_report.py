@@ -1,5 +1,5 @@
-"""PLT data report (swift_plt.data_report) against brute-force counts written the obvious way; the report glue of
-patches/swift_pipelines_train_sft.py through ms-swift's real template (in process); the step checks."""
+"""PLT data report (swift_plt.data.report) against brute-force counts written the obvious way; the report glue of
+swift_plt/plugin/patches/swift_pipelines_train_sft.py through ms-swift's real template (in process); the step checks."""
 import json
 import os
 import random
@@ -8,11 +8,11 @@ import pytest
 import torch
 from harness.host_sync import count_host_syncs
 
-from swift_plt.data_report import (DataReport, DocCounts, NoLossDataError, build_report, check_report,
+from swift_plt.data.report import (DataReport, DocCounts, NoLossDataError, build_report, check_report,
                                    check_step_loss_tokens, document_counts, estimate_loss_tokens, expected_counts,
                                    length_bucket,
                                    max_docs_from_env, min_fraction_from_env, read_reports, write_reports)
-from swift_plt.patches.swift_template import pad_encoded
+from swift_plt.plugin.patches.swift_template import pad_encoded
 
 IGN = -100
 
@@ -159,9 +159,9 @@ def test_step_check():
 
 
 def test_step_loss_token_counts():
-    from swift_plt.patches.swift_megatron_trainers_base import local_loss_tokens as megatron_count
-    from swift_plt.patches.transformers_trainer import local_loss_tokens as hf_count
-    from swift_plt.patches.transformers_trainer import model_patch_size
+    from swift_plt.plugin.patches.swift_megatron_trainers_base import local_loss_tokens as megatron_count
+    from swift_plt.plugin.patches.transformers_trainer import local_loss_tokens as hf_count
+    from swift_plt.plugin.patches.transformers_trainer import model_patch_size
     assert float(megatron_count([{'loss': torch.tensor([2.5, 3.0])}, {'loss': torch.tensor([0.0, 0.0])}])) == 3
     assert float(megatron_count([])) == 0 and float(megatron_count(None)) == 0
     assert megatron_count([{'loss': torch.tensor([1.0, 5.0])}]).dtype == torch.float64
@@ -170,7 +170,7 @@ def test_step_loss_token_counts():
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
     config = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1)
     config.patch_size = 4
@@ -199,7 +199,7 @@ def test_megatron_step_check_one_host_sync_per_step(monkeypatch):
     step's number; K=1 returns upstream's result untouched, without any copy."""
     from types import ModuleType, SimpleNamespace
 
-    from swift_plt.patches import swift_megatron_trainers_base as patch
+    from swift_plt.plugin.patches import swift_megatron_trainers_base as patch
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: 'cpu')
     module = ModuleType('stand_in')
 
@@ -233,7 +233,7 @@ def test_hf_step_check_one_host_sync_per_step(monkeypatch):
     micro-batch (end of an uneven epoch) takes part and does not fail (review #7); K=1: no copy."""
     from types import ModuleType, SimpleNamespace
 
-    from swift_plt.patches import transformers_trainer as patch
+    from swift_plt.plugin.patches import transformers_trainer as patch
     module = ModuleType('stand_in')
 
     class Trainer:
@@ -266,7 +266,7 @@ def _hf_uneven_worker():
 
     import torch.distributed as dist
 
-    from swift_plt.patches import transformers_trainer as patch
+    from swift_plt.plugin.patches import transformers_trainer as patch
     module = ModuleType('stand_in')
 
     class Trainer:
@@ -296,7 +296,7 @@ def test_hf_step_check_rank_without_batches_does_not_hang():
 def template(tmp_path_factory):
     from harness.tiny import make_tiny_llama
     model_dir = make_tiny_llama(str(tmp_path_factory.mktemp('tiny')))
-    from swift_plt.register import register_swift
+    from swift_plt.plugin.register import register_swift
     register_swift()
     from swift.model import get_model_processor
     from swift.template import get_template
@@ -313,7 +313,7 @@ def _rows(texts):
 def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
     from datasets import Dataset
 
-    from swift_plt.patches.swift_pipelines_train_sft import plt_data_report
+    from swift_plt.plugin.patches.swift_pipelines_train_sft import plt_data_report
     texts = ['a', 'hi', 'the quick brown fox jumps over the lazy dog', 'x y', 'hello world, this is a test',
              'word ' * 200]  # the last exceeds --max_length 64: dropped by the encoder
     k = 4
@@ -379,8 +379,8 @@ def test_estimate_loss_tokens_by_hand():
 
 
 def test_two_stage_reads_packing_and_publishes_report(tmp_path, capsys):
-    from swift_plt.plan import make_plan
-    from swift_plt.two_stage import Options, _packing, publish_data_report
+    from swift_plt.recipe.plan import make_plan
+    from swift_plt.recipe.cli import Options, _packing, publish_data_report
     assert _packing(['--packing', 'true']) and _packing(['--packing=True']) and not _packing(['--packing', 'false'])
     assert not _packing(['--packing', 'true', '--packing', 'false']) and not _packing([])
     plan = make_plan('3840', 4, '0.8', seq_length=64, global_batch_size=4)  # 3 + 3 steps of 4 sequences

@@ -1,7 +1,7 @@
 """The PLT data report through the stock CLIs on CPU (issue 14): a data set of short documents is refused before
 step 1 with the message (megatron pt and swift pt); a mixed data set prints a report whose numbers equal a
 brute-force count over the rows encoded by ms-swift's template, kept as JSON in the output dir, with the
-low-fraction warning; K=1 prints nothing new (bit-identity with upstream: tests/test_cli_cpu.py)."""
+low-fraction warning; K=1 prints nothing new (bit-identity with upstream: tests/plugin/test_cli_cpu.py)."""
 import json
 import os
 import random
@@ -12,7 +12,7 @@ from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
 from harness.tiny import make_jsonl, make_tiny_llama
 
 pytestmark = pytest.mark.slow
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 CUSTOM_MODEL = os.path.join(REPO, 'custom_model', 'llama.py')
 SHORT = ['hi', 'ok', 'a', 'yes', 'no', 'go', 'x', 'hm']
 K = 4
@@ -63,7 +63,7 @@ def swift_pt(data, dataset, out_dir, *extra, k=K):
 def brute_force_report(data, k):
     """Encode every row with ms-swift's template as `megatron pt`/`swift pt` build it (K=1: upstream) and count
     the obvious way: tokens, pad to a multiple of k, loss tokens at K=1 (positions >= 1) and at K (>= k)."""
-    from swift_plt.register import register_swift
+    from swift_plt.plugin.register import register_swift
     register_swift()
     from swift.model import get_model_processor
     from swift.template import get_template

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Backend parity on one GPU: the HF-side PLT model (swift_plt.modeling_llama.PLTLlamaForCausalLM, what `swift pt
+"""Backend parity on one GPU: the HF-side PLT model (swift_plt.models.hf_llama.PLTLlamaForCausalLM, what `swift pt
 --patch_size K` trains) against the Megatron PLT model (PLTGPTModel, what `megatron pt --patch_size K` trains), same
 weights, same batch, and both against the PatchTrain formula written out on fp32 HF logits.
 
@@ -43,7 +43,7 @@ def say(line, ok=None, **data):
 
 
 def make_labels(ids, K, seed=0):
-    from swift_plt.plt import mask_first_patch
+    from swift_plt.patch_level.layout import mask_first_patch
     g = torch.Generator().manual_seed(seed)
     labels = ids.clone()
     labels[torch.rand(ids.shape, generator=g) < 0.15] = IGN
@@ -75,7 +75,7 @@ def brute_force(model_dir, ids, labels, K):
 def hf_plt_loss(model_dir, ids, labels, K, dtype, attn):
     from transformers import AutoConfig
 
-    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
     config = AutoConfig.from_pretrained(model_dir)
     config.patch_size = K
     model = PLTLlamaForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, attn_implementation=attn)

@@ -39,9 +39,9 @@ def make_batch(seed=0):
 
 def build(model_dir, tp, pp, dtype, mg_kwargs):
     """ms-swift's way (MegatronArguments initialises torch.distributed + megatron from the torchrun env)."""
-    import swift_plt.activation as activation
+    import swift_plt.plugin.import_hook as activation
     activation.install()  # no-op when the .pth startup hook already ran
-    from swift_plt.register import register_all
+    from swift_plt.plugin.register import register_all
     register_all()
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from swift.megatron.arguments import MegatronArguments

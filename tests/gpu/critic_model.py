@@ -66,7 +66,7 @@ def mg_values(model_dir, out, tp, pp, sp, mg_kwargs=None):
     from swift.model import get_processor
 
     from swift_plt.critic.model import values as values_of
-    from swift_plt.register import register_all
+    from swift_plt.plugin.register import register_all
     register_all()
     torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
     kw = dict(

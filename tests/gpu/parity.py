@@ -15,7 +15,7 @@ first model dir's tokenizer):
      far a mis-aligned target would move the loss: the margin the parity numbers must beat).
   2. Megatron: MegatronArguments(model_type=llama3_2_plt, patch_size=K) -> swift.megatron.model.get_mcore_model
      -> config.bridge.load_weights; forward(input_ids, position_ids, labels) with labels token-aligned and the first
-     patch -100 (swift_plt.plt.mask_first_patch), loss = sum(losses * (labels != -100)) / count (ms-swift's
+     patch -100 (swift_plt.patch_level.layout.mask_first_patch), loss = sum(losses * (labels != -100)) / count (ms-swift's
      loss_func). bf16 params with --attention_backend fused, fp32 params with unfused (cuDNN fused attention has
      no fp32).
      fp32 runs with NVIDIA_TF32_OVERRIDE=0 (no TF32 anywhere); their check also requires the difference to stay
@@ -107,8 +107,9 @@ def hf_reference(model_dir, input_ids, K, device, dtype):
     nll = -log_probs.gather(-1, tgt)  # [B, P-1, K]
     out['plt_tok'] = torch.cat([nll.new_zeros(B, 1, K), nll], 1).reshape(B, S).double().cpu()  # token-aligned
     out['plt_logits'] = logits.double().cpu()
-    # the plugin's loss math (swift_plt.plt, torch only) on these HF logits, labels prepared as the plugin does
-    from swift_plt.plt import mask_first_patch, plt_token_losses
+    # the plugin's loss math (swift_plt.patch_level, torch only) on these HF logits, labels prepared as the plugin does
+    from swift_plt.patch_level.layout import mask_first_patch
+    from swift_plt.patch_level.loss import plt_token_losses
     tok_pos = torch.arange(S, device=device).unsqueeze(0).expand(B, S)
     plt_labels = mask_first_patch(labels, tok_pos, K)
     plugin_losses = plt_token_losses(logits.transpose(0, 1).contiguous(), plt_labels, K)
@@ -140,9 +141,9 @@ def megatron_init(port, backend='nccl'):
     torch.cuda.set_device(0)
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=0, world_size=1)
-    import swift_plt.activation as activation
+    import swift_plt.plugin.import_hook as activation
     activation.install()  # no-op when the .pth startup hook already ran (the installed case)
-    from swift_plt.register import register_all
+    from swift_plt.plugin.register import register_all
     register_all()
     from swift.megatron.arguments import MegatronArguments
     from dataclasses import fields
@@ -228,7 +229,7 @@ def free(*models):
 
 
 def run_megatron(tag, model_dir, ids_cpu, K, ref32, ref64, prec):
-    from swift_plt.plt import mask_first_patch
+    from swift_plt.patch_level.layout import mask_first_patch
     dtype, attn = (torch.bfloat16, 'fused') if prec == 'bf16' else (torch.float32, 'unfused')
     ids = ids_cpu.cuda()
     B, S = ids.shape
@@ -353,7 +354,7 @@ def main():
             pr = rel(r64['plugin_on_hf_logits'], r64['plt_loss'])
             record(f'[{tag}] HF reference: PatchTrain K={K} loss fp32={r32["plt_loss"]:.8f} '
                    f'fp64={r64["plt_loss"]:.8f} (fp32 rel err {rel(r32["plt_loss"], r64["plt_loss"]):.1e}); '
-                   f'swift_plt.plt loss on the fp64 HF logits={r64["plugin_on_hf_logits"]:.8f} (rel {pr:.1e}); '
+                   f'swift_plt.patch_level loss on the fp64 HF logits={r64["plugin_on_hf_logits"]:.8f} (rel {pr:.1e}); '
                    f'token-level loss fp32={r32["tok_loss"]:.8f}; control: K={K} loss with targets shifted by '
                    f'one token {r32["plt_loss_shift1"]:.8f}',
                    model=tag,
@@ -363,7 +364,7 @@ def main():
                    shift1=r32['plt_loss_shift1'],
                    plugin_on_hf_logits_fp64=r64['plugin_on_hf_logits'])
             if pr > 1e-6:
-                record(f'[{tag}] swift_plt.plt loss on HF logits differs from PatchTrain (rel {pr:.1e})', False)
+                record(f'[{tag}] swift_plt.patch_level loss on HF logits differs from PatchTrain (rel {pr:.1e})', False)
         except Exception as e:
             traceback.print_exc()
             record(f'[{tag}] HF reference: ERROR {e!r}', False, model=tag)

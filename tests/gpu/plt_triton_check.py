@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The fused Triton PLT loss (swift_plt.plt_triton) against the torch reference (swift_plt.plt._PatchCrossEntropy)
+"""The fused Triton PLT loss (swift_plt.patch_level.loss_triton) against the torch reference (swift_plt.patch_level.loss._PatchCrossEntropy)
 on a GPU, real shapes: values and gradients (any upstream gradient), ignored labels, K = 1, 2, 4, 8, V = 128256 and
 odd V (not a multiple of the 4096 block), P*B odd, fully ignored rows, the in-place backward, the auto dispatch and
 the SWIFT_PLT_FUSED_LOSS=0 opt-out. The CPU version (Triton interpreter, small shapes, TP=2 over gloo):
-tests/test_plt_triton.py.
+tests/patch_level/test_plt_triton.py.
 
     python3 tests/gpu/plt_triton_check.py         # prints one line per case and PLT_TRITON: OK / FAILED
 Tolerances: losses rtol 1e-5 / atol 1e-5 (both fp32 from the same bf16 logits; only the summation order differs);
@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from swift_plt import plt, plt_triton
+from swift_plt.patch_level import layout as patch_layout, loss as patch_loss, loss_triton
 
 IGN = -100
 
@@ -31,7 +31,7 @@ def case(P, B, V, K, seed, p_ignore=0.2):
 def run(impl, logits, labels, K, w, inplace=False):
     leaf = logits.clone().requires_grad_(True)
     x = leaf * 1 if inplace else leaf  # an activation, like the output layer's output
-    losses = plt.plt_token_losses(x, labels, K, impl=impl, inplace_grad=inplace)
+    losses = patch_loss.plt_token_losses(x, labels, K, impl=impl, inplace_grad=inplace)
     (losses * w).sum().backward()
     return losses.detach(), leaf.grad
 
@@ -64,14 +64,14 @@ def main():
         torch.cuda.empty_cache()
     # auto dispatch on CUDA, and the opt-out
     calls = []
-    real = plt_triton.patch_cross_entropy_triton
-    plt_triton.patch_cross_entropy_triton = lambda *a: calls.append(1) or real(*a)
+    real = loss_triton.patch_cross_entropy_triton
+    loss_triton.patch_cross_entropy_triton = lambda *a: calls.append(1) or real(*a)
     logits, labels = case(8, 1, 1000, 4, 99)
-    plt.plt_token_losses(logits, labels, 4)
+    patch_loss.plt_token_losses(logits, labels, 4)
     os.environ['SWIFT_PLT_FUSED_LOSS'] = '0'
-    plt.plt_token_losses(logits, labels, 4)
+    patch_loss.plt_token_losses(logits, labels, 4)
     del os.environ['SWIFT_PLT_FUSED_LOSS']
-    plt_triton.patch_cross_entropy_triton = real
+    loss_triton.patch_cross_entropy_triton = real
     disp = calls == [1]
     ok &= disp
     print(f'dispatch: CUDA default -> triton, SWIFT_PLT_FUSED_LOSS=0 -> torch: {"ok" if disp else "FAILED"} {calls}')

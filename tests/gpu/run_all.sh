@@ -59,7 +59,7 @@ fi
 install_plugin >"$OUT/pip_install.log" 2>&1
 how=$(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1)
 hook=$(cd /tmp && python3 -c "
-import swift_plt, swift_plt.activation as a
+import swift_plt, swift_plt.plugin.import_hook as a
 print(('startup hook ACTIVE' if a._finder is not None else 'startup hook INACTIVE'), 'from', swift_plt.__file__)" 2>&1 |
   tail -1)
 say "0 setup: kit ok ($(grep -o 'ready in [0-9]* s' "$OUT/setup_kit.log" || echo 'already installed')); plugin ${how:-NOT INSTALLED (see pip_install.log)}; $hook; $(now)"

@@ -98,7 +98,7 @@ trained=$(grep -c "'iteration'" "$OUT/two_stage_rerun.log")
 say "3 rerun (resume state machine): rc=$rc $((SECONDS - t))s, steps skipped=$skipped (want 3), training log lines=$trained (want 0)"
 [ $rc = 0 ] && [ "$skipped" = 3 ] && [ "$trained" = 0 ] || FAIL=1
 
-chk=$(cd /tmp && SWIFT_PLT_DISABLE=1 python3 -m swift_plt.vanilla --check "$W/run/hf" 2>&1)
+chk=$(cd /tmp && SWIFT_PLT_DISABLE=1 python3 -m swift_plt.recipe.export --check "$W/run/hf" 2>&1)
 rc=$?
 chk=$(echo "$chk" | tail -1)
 say "4 plain transformers (plugin disabled) loads the export: rc=$rc $chk"

@@ -2,8 +2,8 @@
 
 Public API
   install()                                   patches that make mcore-bridge / `swift.megatron` run on CPU (patches.py)
-  make_tiny_llama(out_dir, ...) -> str        random-init HF Llama + offline BPE tokenizer (swift_plt/tiny.py)
-  make_jsonl(path, rows=64, seed=0) -> str    ms-swift pretraining rows (swift_plt/tiny.py)
+  make_tiny_llama(out_dir, ...) -> str        random-init HF Llama + offline BPE tokenizer (swift_plt/tools/tiny.py)
+  make_jsonl(path, rows=64, seed=0) -> str    ms-swift pretraining rows (swift_plt/tools/tiny.py)
   init_megatron(rank, world_size, tp, pp)     gloo + megatron parallel state in this process (dist.py)
   init_single_process_megatron(tp=1, pp=1)    the same for a world of one
   destroy_megatron()

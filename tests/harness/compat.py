@@ -1,7 +1,7 @@
-"""Test marks for the transformers range (swift_plt/hf_compat.py): CI runs the suite on transformers 5.x and 4.57.x."""
+"""Test marks for the transformers range (swift_plt/compat/transformers.py): CI runs the suite on transformers 5.x and 4.57.x."""
 import pytest
 
-from swift_plt.hf_compat import has_bias_free_token_classification
+from swift_plt.compat.transformers import has_bias_free_token_classification
 
 # The value-head critic's HF format (LlamaForTokenClassification with a bias-free head) needs transformers 5.x; on
 # 4.57.x swift-plt refuses critic runs (test_hf_compat checks the refusal), so the critic's tests do not apply.

@@ -3,7 +3,7 @@ from dataclasses import fields
 from typing import Any, Dict, List, Optional
 
 from .patches import install
-from swift_plt.hf_compat import hf_rope_guard
+from swift_plt.compat.transformers import hf_rope_guard
 
 # ModelConfig fields that ms-swift fills from its arguments; these are the values the CPU CLI flags of
 # ``cli.CPU_MEGATRON_ARGS`` give (fp32, no fusions that need CUDA kernels, weights set by

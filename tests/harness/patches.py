@@ -65,12 +65,12 @@ PATCHES (id: upstream target -- what and why)
     runs on CPU. Context parallel > 1 is not handled here (raises).
  P15 ``swift.template.base.Template._encode_truncated`` (ms-swift 4.6.0, as patched by swift-plt), only with env
     ``SWIFT_PLT_CPU_PACK_AS_CP=<cp>``: at K > 1, padding-free documents are padded to a multiple of 2*cp*K at encode
-    time, as swift-plt pads them under context parallel cp (patches/swift_template.py). A 1-rank reference run then
+    time, as swift-plt pads them under context parallel cp (swift_plt/plugin/patches/swift_template.py). A 1-rank reference run then
     packs (``--packing``: bins by the encoded length) and trains on the same global batch as the CP=cp run it is
     compared with. The padding is pad tokens with label -100 after each document: no loss change by itself.
  P16 ``mcore_bridge.tuners.patcher`` (1.6.5): its LoRA dispatch does ``isinstance(layer, (TELayerNormColumnParallelLinear,
     TELinear, TEGroupedLinear, TopKRouter))`` with the TE classes it imported, which are stand-ins (P1) when the
-    harness is installed in the same process (tests/test_plt_host_sync.py does): ``isinstance`` then raised a
+    harness is installed in the same process (tests/patch_level/test_plt_host_sync.py does): ``isinstance`` then raised a
     TypeError in any later test of that process that wraps a model with peft (test_data_report's LoRA case). They
     become ``_NoTEModule`` (P3's class: nothing is an instance), as in the model spec; no layer here is a TE layer.
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
@@ -89,7 +89,7 @@ Known hazard, not patched globally: once mcore-bridge computes RoPE frequencies 
 get_rope_inv_freq``) on transformers 5.x it adds its own ``ROPE_INIT_FUNCTIONS['default']`` to transformers for the
 whole process; building/loading an HF Llama afterwards fails (``'LlamaConfig' object has no attribute
 'rope_theta'``). The harness's own HF helpers (``make_tiny_llama``, ``hf_logits``) run under
-``swift_plt.hf_compat.hf_rope_guard()``, which gives transformers its own entry back for their duration (none on
+``swift_plt.compat.transformers.hf_rope_guard()``, which gives transformers its own entry back for their duration (none on
 5.x, transformers' function on 4.57.x); elsewhere build HF models first, in another process, or inside it.
 """
 import os
@@ -397,7 +397,7 @@ def _patch_dot_product_attention(dpa):
 def _patch_pack_as_cp(base):
     import functools
 
-    from swift_plt.patches.swift_template import pad_encoded_to
+    from swift_plt.plugin.patches.swift_template import pad_encoded_to
     cp = int(os.environ['SWIFT_PLT_CPU_PACK_AS_CP'])
     inner = base.Template._encode_truncated
 

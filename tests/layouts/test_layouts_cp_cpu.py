@@ -45,7 +45,7 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def template(hf_dir):
-    from swift_plt.register import register_swift
+    from swift_plt.plugin.register import register_swift
     register_swift()
     from swift.model import get_model_processor
     from swift.template import get_template
@@ -59,7 +59,7 @@ def template(hf_dir):
 def collate(template, rows, cp, padding_free, k=K, padding_to=None):
     """A global micro-batch as ms-swift's Megatron collator builds it for ``--context_parallel_size cp`` (the
     template's ``sequence_parallel_size``), ``padding_to`` as ``get_padding_to`` (K * CP) unless given."""
-    from swift_plt.plt import patch_padding_to
+    from swift_plt.patch_level.layout import patch_padding_to
     tpl = copy.copy(template)
     tpl.plt_patch_size, tpl.sequence_parallel_size, tpl.padding_free = k, cp, padding_free
     encoded = [tpl.encode(r, return_length=True) for r in rows]
@@ -123,7 +123,7 @@ def test_mutation_no_per_document_cp_padding_fails(template, monkeypatch):
     """Mutation: the documents are not padded for CP (only the batch end is): the padding rule test fails. (Padding-
     free documents are CP-padded at encode time, and by the collator when they were not: both are removed.)"""
     from swift.template.base import Template
-    from swift_plt.plt import patch_padding_to
+    from swift_plt.patch_level.layout import patch_padding_to
     monkeypatch.setattr(Template, '_handle_megatron_cp', lambda self, batch: None)
     tpl = copy.copy(template)
     tpl.plt_patch_size, tpl.padding_free, tpl.sequence_parallel_size = K, True, 1
@@ -137,7 +137,7 @@ def test_mutation_no_per_document_cp_padding_fails(template, monkeypatch):
 def test_mutation_cp_padding_without_k_fails(template, monkeypatch):
     """Mutation: documents padded to 2*CP (upstream's rule) instead of 2*CP*K: the padding rule test fails (and
     the data path splits mid-patch, see test_mutation_split_mid_patch_fails)."""
-    from swift_plt.patches import swift_template
+    from swift_plt.plugin.patches import swift_template
     monkeypatch.setattr(swift_template, '_plt_cp', lambda tpl: 0)
     batch = collate(template, ROWS, 2, True)
     with pytest.raises(AssertionError):
@@ -210,14 +210,14 @@ def _data_path_worker(cases, mutation=None):
     position's global index, so the slices can be traced back)."""
     import megatron.core.parallel_state as ps
 
-    import swift_plt.plt as plt_math
+    from swift_plt.patch_level import layout as patch_layout, loss as patch_loss
     from harness.cp_attention import local_positions
     from swift.megatron.trainers.utils import prepare_batch
-    from swift_plt.model import patch_packed_seq_params_cp
+    from swift_plt.models.megatron_gpt import patch_packed_seq_params_cp
     if mutation == 'shift_after_split':
-        plt_math.roll_patch_labels = lambda labels, k: labels
+        patch_loss.roll_patch_labels = lambda labels, k: labels
     if mutation in ('split_mid_patch', 'no_guard'):
-        plt_math.check_cp_patch_layout = lambda *a, **kw: None
+        patch_layout.check_cp_patch_layout = lambda *a, **kw: None
     out = []
     for case in cases:
         cp, mode, pf, batch = case['cp'], case['mode'], case['padding_free'], case['batch']
@@ -251,7 +251,7 @@ def _data_path_worker(cases, mutation=None):
 def reference_pairs(batch):
     """CP=1, the obvious way: token t of a row (label != -100 once the first patch of each document is masked)
     is predicted by the patch before its own: {(global patch index, slot t % K): label}."""
-    from swift_plt.plt import mask_first_patch
+    from swift_plt.patch_level.layout import mask_first_patch
     labels = mask_first_patch(batch['labels'], batch['position_ids'], K)
     B, L = labels.shape
     return {((b * L + t) // K - 1, t % K): int(labels[b, t]) for b in range(B) for t in range(L)
@@ -335,7 +335,7 @@ def test_mutation_shift_after_split_fails(data_cases):
 def test_mutation_split_mid_patch_fails(template, monkeypatch):
     """Mutation: the documents padded to 2*CP instead of 2*CP*K. With the guard, the batch is refused with a
     message; without it (second mutation) the split cuts patches and the slice check fails."""
-    from swift_plt.patches import swift_template
+    from swift_plt.plugin.patches import swift_template
     monkeypatch.setattr(swift_template, '_plt_cp', lambda tpl: 0)
     cases = [dict(cp=2, mode='zigzag', padding_free=True, batch=collate(template, ROWS, 2, True))]
     (guarded, ) = spawn(_data_path_worker, 1, cases)
@@ -437,15 +437,15 @@ def _model_worker(hf_dir, cases, mutation=None):
     from harness import cp_attention
     from harness.model import build_mcore_model
     from swift.megatron.trainers.utils import prepare_batch
-    from swift_plt.register import register_mcore
+    from swift_plt.plugin.register import register_mcore
     cp_attention.enable()
     assert register_mcore()
     cp, tp = ps.get_context_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
     if mutation == 'shift_after_split':  # the model shifts the (unrolled) local labels by one patch itself
-        import swift_plt.model as plt_model
-        import swift_plt.plt as plt_math
-        plt_math.roll_patch_labels = lambda labels, k: labels
-        plt_model.plt_local_token_losses = plt_math.plt_token_losses
+        import swift_plt.models.megatron_gpt as plt_model
+        from swift_plt.patch_level import loss as patch_loss
+        patch_loss.roll_patch_labels = lambda labels, k: labels
+        plt_model.plt_local_token_losses = patch_loss.plt_token_losses
     model = build_mcore_model(hf_dir, mcore_model_type='llama3_2_plt', tp=tp,
                               extra_config={'patch_size': K, 'context_parallel_size': cp,
                                             'calculate_per_token_loss': True})[0]
@@ -578,7 +578,7 @@ def _critic_worker(critic_dir, mbs):
     from harness import cp_attention
     from harness.model import build_mcore_model
     from swift_plt.critic.engine import MegatronCritic, response_to_values
-    from swift_plt.register import register_critic_mcore
+    from swift_plt.plugin.register import register_critic_mcore
     cp_attention.enable('zigzag')
     assert register_critic_mcore()
     cp = ps.get_context_parallel_world_size()
@@ -638,7 +638,7 @@ def test_megatron_pt_cli_cp2_equals_one_rank(hf_dir, tmp_path, layout):
     from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
     from harness.tiny import make_jsonl
     data = make_jsonl(str(tmp_path / 'train.jsonl'), rows=64)
-    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
 
     def run(name, nproc, *extra, env=None):
         argv = ['megatron', 'pt', '--model', hf_dir, '--model_type', 'llama3_2_plt', '--template', 'llama',

@@ -98,7 +98,7 @@ def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None)
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from harness.model import build_mcore_model
-    from swift_plt.register import register_critic_mcore, register_mcore
+    from swift_plt.plugin.register import register_critic_mcore, register_mcore
     assert register_mcore() and register_critic_mcore()
     if mutate == 'no_first_patch_mask':  # mutation: the PLT batch patch forgets the first patch of each document
         import swift.megatron.trainers.utils as trainer_utils
@@ -294,7 +294,7 @@ def test_sp_slices_of_the_pooled_sequence_are_the_pooled_slices():
     """Under SP rank r holds tokens [r*S/TP, (r+1)*S/TP); with S a multiple of K*TP (patch_padding_to of
     ms-swift's SP multiple TP), pooling that slice gives rank r's slice of the full patch sequence, and the patch
     positions / padding mask chunks match. A length that is a multiple of K and of TP but not of K*TP is refused."""
-    from swift_plt.plt import check_sequence_parallel_length, patch_padding_to, pool_patches
+    from swift_plt.patch_level.layout import check_sequence_parallel_length, patch_padding_to, pool_patches
     for tp in (2, 4):
         assert patch_padding_to(tp, K) == K * tp
         x = torch.randn(K * tp * 3, 2, 8, dtype=torch.float64)
@@ -311,7 +311,7 @@ def test_sp_slices_of_the_pooled_sequence_are_the_pooled_slices():
 def test_dp_token_normalisation_is_sensitive():
     """The DP halves of the batch carry different numbers of target tokens, so a per-rank mean averaged over DP
     would not be the global token mean: the DP test below can tell them apart."""
-    from swift_plt.plt import mask_first_patch
+    from swift_plt.patch_level.layout import mask_first_patch
     counts = []
     for mb in make_micro_batches():
         counts.append(int((mask_first_patch(mb['labels'], mb['position_ids'], K) != -100).sum()))
@@ -411,14 +411,14 @@ STREAM_ROWS = [{'messages': [{'role': 'assistant', 'content': text}]}
 @pytest.fixture(scope='module')
 def template(tmp_path_factory):
     model_dir = make_tiny_llama(str(tmp_path_factory.mktemp('tiny_tpl')))
-    from swift_plt.register import register_swift
+    from swift_plt.plugin.register import register_swift
     register_swift()
     from swift.model import get_model_processor
     from swift.template import get_template
     _, processor = get_model_processor(model_dir, model_type='llama3_2_plt', load_model=False, download_model=False)
     tpl = get_template(processor, template_type='llama', use_chat_template=False, max_length=64, loss_scale='all')
     tpl.set_mode('train')
-    tpl.plt_patch_size = K  # what patches/swift_pipelines_train_sft.py sets for --patch_size 4
+    tpl.plt_patch_size = K  # what swift_plt/plugin/patches/swift_pipelines_train_sft.py sets for --patch_size 4
     return tpl
 
 
@@ -431,7 +431,7 @@ def test_streaming_paths_pad_every_document_to_k(template):
     from swift.dataset import EncodePreprocessor
     from swift.dataset.packing import IterablePackingDataset
 
-    from swift_plt.plt import check_patch_aligned
+    from swift_plt.patch_level.layout import check_patch_aligned
     stream = Dataset.from_list(STREAM_ROWS).to_iterable_dataset()
     encoded = list(EncodePreprocessor(template=template)(stream, num_proc=1, strict=True))
     assert isinstance(EncodePreprocessor(template=template)(stream, num_proc=1), IterableDataset)
@@ -467,7 +467,7 @@ def _megatron_pt(cli_tiny, out_dir, nproc, *extra):
 
     from harness.cli import CPU_MEGATRON_ARGS, run_cli
     model, data = cli_tiny
-    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
     argv = ['megatron', 'pt', '--model', model, '--model_type', 'llama3_2_plt', '--template', 'llama',
             '--custom_register_path', custom, '--dataset', data, '--max_length', '64', '--patch_size', str(K),
             '--train_iters', '3', '--micro_batch_size', '2', '--global_batch_size', '4', '--lr', '1e-3',

@@ -1,7 +1,7 @@
-"""The HF-side PLT model (swift_plt.modeling_llama.PLTLlamaForCausalLM) on CPU, fp32: K=1 is LlamaForCausalLM bit
+"""The HF-side PLT model (swift_plt.models.hf_llama.PLTLlamaForCausalLM) on CPU, fp32: K=1 is LlamaForCausalLM bit
 for bit; K>1 packed rows (padding-free, positions restarting per document) = the same documents one per row;
 generate() refuses at K>1; checkpoints are saved as a plain Llama. (Its loss against the brute-force PatchTrain
-formula and against the Megatron model: tests/test_plt_model_cpu.py::test_backend_parity_*.)"""
+formula and against the Megatron model: tests/models/test_plt_model_cpu.py::test_backend_parity_*.)"""
 import json
 import os
 
@@ -21,7 +21,7 @@ def hf_dir(tmp_path_factory):
 def load(hf_dir, k, cls=None):
     from transformers import AutoConfig
 
-    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
     config = AutoConfig.from_pretrained(hf_dir)
     config.patch_size = k
     return (cls or PLTLlamaForCausalLM).from_pretrained(hf_dir, config=config, dtype=torch.float32)
@@ -86,7 +86,7 @@ def test_num_items_in_batch_and_bad_lengths(hf_dir):
     with torch.no_grad():
         mean = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         total = model(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=1).loss
-        from swift_plt.plt import mask_first_patch
+        from swift_plt.patch_level.layout import mask_first_patch
         count = (mask_first_patch(labels, torch.arange(ids.shape[1]).expand_as(ids), k) != -100).sum()
         assert float(total) == pytest.approx(float(mean) * int(count), rel=1e-6)
         with pytest.raises(ValueError, match='not a multiple of patch_size 4'):

@@ -18,7 +18,7 @@ VOCAB = 512
 
 def make_batch(seed=0):
     """A padded batch exactly as ms-swift's megatron collator + the PLT batch patch build it."""
-    from swift_plt.plt import mask_first_patch
+    from swift_plt.patch_level.layout import mask_first_patch
     g = torch.Generator().manual_seed(seed)
     B = len(LENS)
     input_ids = torch.full((B, S), 3)  # pad id
@@ -66,7 +66,7 @@ def _mcore_loss(hf_dir, batch, k, model_type, backward):
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from harness.model import build_mcore_model
-    from swift_plt.register import register_mcore
+    from swift_plt.plugin.register import register_mcore
     assert register_mcore()
     extra = {'patch_size': k} if model_type == 'llama3_2_plt' else None
     model = build_mcore_model(hf_dir, mcore_model_type=model_type, tp=_tp(), pp=_pp(), extra_config=extra)[0]
@@ -138,11 +138,11 @@ def test_plt_loss_and_grad_match_hf_reference(mcore_plt, reference):
 
 
 def hf_plt_model_loss(hf_dir, batch, k):
-    """The HF-side model (swift_plt.modeling_llama) as ms-swift's HF trainer calls it on a padded batch: token ids,
+    """The HF-side model (swift_plt.models.hf_llama) as ms-swift's HF trainer calls it on a padded batch: token ids,
     2-D padding mask, token-aligned labels (no position_ids: the collator gives none)."""
     from transformers import AutoConfig
 
-    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
     config = AutoConfig.from_pretrained(hf_dir)
     config.patch_size = k
     model = PLTLlamaForCausalLM.from_pretrained(hf_dir, config=config, dtype=torch.float32)

@@ -20,17 +20,17 @@ from test_plt_model_cpu import K, VOCAB, hf_plt_reference, make_batch  # noqa: E
 def _mcore_loss_triton(hf_dir, batch, k, model_type, backward):
     """In a spawned rank: force the kernel (interpreter) and record how the model calls it."""
     assert os.environ.get('TRITON_INTERPRET') == '1'
-    from swift_plt import plt, plt_triton
+    from swift_plt.patch_level import loss as patch_loss, loss_triton
     calls = []
-    real = plt_triton.patch_cross_entropy_triton
+    real = loss_triton.patch_cross_entropy_triton
 
     def spy(logits, target, vocab_start, group, inplace_grad):
         calls.append({'inplace_grad': inplace_grad, 'vocab_start': vocab_start, 'group': group is not None,
                       'non_leaf': logits.grad_fn is not None})
         return real(logits, target, vocab_start, group, inplace_grad)
 
-    plt_triton.patch_cross_entropy_triton = spy
-    plt.fused_loss_enabled = lambda logits: True  # as on CUDA
+    loss_triton.patch_cross_entropy_triton = spy
+    patch_loss.fused_loss_enabled = lambda logits: True  # as on CUDA
     from test_plt_model_cpu import _mcore_loss
     out = _mcore_loss(hf_dir, batch, k, model_type, backward)
     out['calls'] = calls

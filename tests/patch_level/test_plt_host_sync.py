@@ -13,14 +13,14 @@ def model_mod():
     import harness
     harness.install()
     from swift.megatron.utils.utils import get_packed_seq_params
-    from swift_plt import model
+    from swift_plt.models import megatron_gpt as model
     return model, get_packed_seq_params
 
 
 @pytest.mark.parametrize('k', [2, 3, 4, 8])
 def test_patch_packed_seq_params_host_max_equals_device_max(model_mod, k):
     model, get_packed_seq_params = model_mod
-    from swift_plt.plt import patch_position_ids
+    from swift_plt.patch_level.layout import patch_position_ids
     args = types.SimpleNamespace(cp_partition_mode=None)
     g = torch.Generator().manual_seed(k)
     for trial in range(30):

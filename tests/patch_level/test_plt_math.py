@@ -1,4 +1,4 @@
-"""swift_plt.plt against brute-force references written the obvious way, on random inputs."""
+"""swift_plt.patch_level against brute-force references written the obvious way, on random inputs."""
 import io
 import os
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.dist import free_port
-from swift_plt import plt
+from swift_plt.patch_level import layout as patch_layout, loss as patch_loss
 
 IGN = -100
 
@@ -58,7 +58,7 @@ def patchtrain_loss(logits, labels, k):
 
 
 def plt_mean_loss(logits_bpv, labels, k):
-    losses = plt.plt_token_losses(logits_bpv.transpose(0, 1).contiguous(), labels, k)
+    losses = patch_loss.plt_token_losses(logits_bpv.transpose(0, 1).contiguous(), labels, k)
     mask = labels != IGN
     return (losses * mask).sum() / mask.sum(), losses
 
@@ -66,23 +66,23 @@ def plt_mean_loss(logits_bpv, labels, k):
 @pytest.mark.parametrize('k', [1, 2, 4])
 def test_pool_patches(k):
     x = torch.randn(4 * k * 3, 2, 5)
-    torch.testing.assert_close(plt.pool_patches(x, k), brute_pool(x, k))
+    torch.testing.assert_close(patch_layout.pool_patches(x, k), brute_pool(x, k))
     with pytest.raises(ValueError, match='not a multiple'):
-        plt.pool_patches(torch.randn(9, 2, 5), 4)
+        patch_layout.pool_patches(torch.randn(9, 2, 5), 4)
 
 
 def test_patch_positions_and_alignment():
     k = 4
     # padded batch: two rows, documents of 8 and 4 tokens (already padded to multiples of K), 0-padded to 12
     pos = torch.tensor([list(range(8)) + [0] * 4, list(range(4)) + [0] * 8])
-    assert plt.patch_position_ids(pos, k).tolist() == [[0, 1, 0], [0, 0, 0]]
-    plt.check_patch_aligned(pos, k)
+    assert patch_layout.patch_position_ids(pos, k).tolist() == [[0, 1, 0], [0, 0, 0]]
+    patch_layout.check_patch_aligned(pos, k)
     # packed row: documents of 8, 4, 12 tokens + 8 pad tokens (position 0 each) -> patch docs 2, 1, 3, then 1,1
     packed = torch.tensor([list(range(8)) + list(range(4)) + list(range(12)) + [0] * 8])
-    pp = plt.patch_position_ids(packed, k)
+    pp = patch_layout.patch_position_ids(packed, k)
     assert pp.tolist() == [[0, 1, 0, 0, 1, 2, 0, 0]]
-    plt.check_patch_aligned(packed, k)
-    assert plt.patch_cu_seqlens(pp).tolist() == [0, 2, 3, 6, 7, 8]
+    patch_layout.check_patch_aligned(packed, k)
+    assert patch_layout.patch_cu_seqlens(pp).tolist() == [0, 2, 3, 6, 7, 8]
     # brute force cu_seqlens on random packings
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
@@ -91,7 +91,7 @@ def test_patch_positions_and_alignment():
         cu = [0]
         for d in docs:
             cu.append(cu[-1] + d // k)
-        assert plt.patch_cu_seqlens(plt.patch_position_ids(row, k)).tolist() == cu
+        assert patch_layout.patch_cu_seqlens(patch_layout.patch_position_ids(row, k)).tolist() == cu
 
 
 @pytest.mark.parametrize('bad', [
@@ -101,12 +101,12 @@ def test_patch_positions_and_alignment():
 ])
 def test_check_patch_aligned_rejects_straddling(bad):
     with pytest.raises(ValueError, match='straddles two documents'):
-        plt.check_patch_aligned(torch.tensor([bad]), 4)
+        patch_layout.check_patch_aligned(torch.tensor([bad]), 4)
 
 
 def test_check_patch_aligned_rejects_length():
     with pytest.raises(ValueError, match='not a multiple of patch_size 4'):
-        plt.check_patch_aligned(torch.arange(10)[None], 4)
+        patch_layout.check_patch_aligned(torch.arange(10)[None], 4)
 
 
 def brute_patches_aligned(rows, k):  # the rule, patch by patch
@@ -149,17 +149,17 @@ def test_check_patch_aligned_and_mask_first_patch_match_brute_force():
         want = brute_patches_aligned(rows, k)
         seen[want] += 1
         pos = torch.tensor(rows)
-        for got in (plt.patches_aligned(pos.view(len(rows), -1, k), k),  # torch (the device path)
-                    plt.patches_aligned(pos.numpy().reshape(len(rows), -1, k), k)):  # numpy (the CPU path)
+        for got in (patch_layout.patches_aligned(pos.view(len(rows), -1, k), k),  # torch (the device path)
+                    patch_layout.patches_aligned(pos.numpy().reshape(len(rows), -1, k), k)):  # numpy (the CPU path)
             assert got == want, (k, rows)
         if want:
-            plt.check_patch_aligned(pos, k)
+            patch_layout.check_patch_aligned(pos, k)
         else:
             with pytest.raises(ValueError, match='straddles two documents'):
-                plt.check_patch_aligned(pos, k)
+                patch_layout.check_patch_aligned(pos, k)
         labels = torch.randint(0, 50, pos.shape)
         expected = [[IGN if p < k else int(y) for p, y in zip(pr, yr)] for pr, yr in zip(rows, labels.tolist())]
-        got = plt.mask_first_patch(labels, pos, k)
+        got = patch_layout.mask_first_patch(labels, pos, k)
         assert got.dtype == labels.dtype and got.tolist() == expected
         assert labels.masked_fill(pos < k, IGN).tolist() == expected  # the device path's formula
     assert min(seen.values()) > 300, seen  # both outcomes well covered
@@ -169,7 +169,7 @@ def test_check_patch_aligned_and_mask_first_patch_match_brute_force():
 def test_patch_attention_mask_padded(k):
     S = 6 * k
     seq_lens = [S, 3 * k, 2 * k - 1, 1]  # real lengths before padding to S
-    got = plt.patch_attention_mask(swift_token_mask(seq_lens, S), k)
+    got = patch_layout.patch_attention_mask(swift_token_mask(seq_lens, S), k)
     assert torch.equal(got, brute_patch_mask(seq_lens, S, k))
 
 
@@ -177,7 +177,7 @@ def test_mask_first_patch():
     k = 3
     pos = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 0, 0]])
     labels = torch.arange(12)[None] + 10
-    out = plt.mask_first_patch(labels, pos, k)
+    out = patch_layout.mask_first_patch(labels, pos, k)
     expected = [IGN if int(p) < k else int(y) for p, y in zip(pos[0], labels[0])]
     assert out[0].tolist() == expected
 
@@ -216,7 +216,7 @@ def test_loss_with_ignored_labels_and_grad(seed):
 def test_loss_all_targets_ignored_is_zero_with_zero_grad():
     logits = torch.randn(3, 2, 7, requires_grad=True)
     labels = torch.full((2, 12), IGN)
-    losses = plt.plt_token_losses(logits, labels, 4)
+    losses = patch_loss.plt_token_losses(logits, labels, 4)
     assert torch.all(losses == 0)
     losses.sum().backward()
     assert torch.all(logits.grad == 0)
@@ -225,23 +225,23 @@ def test_loss_all_targets_ignored_is_zero_with_zero_grad():
 def test_loss_bf16_input_fp32_output():
     logits = torch.randn(4, 2, 9, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, 9, (2, 8))
-    losses = plt.plt_token_losses(logits, labels, 2)
+    losses = patch_loss.plt_token_losses(logits, labels, 2)
     assert losses.dtype == torch.float32
     losses.sum().backward()
     assert logits.grad.dtype == torch.bfloat16
-    ref = plt.plt_token_losses(logits.detach().float(), labels, 2)
+    ref = patch_loss.plt_token_losses(logits.detach().float(), labels, 2)
     torch.testing.assert_close(losses, ref)
 
 
 def test_loss_shape_mismatch_is_clear():
     with pytest.raises(ValueError, match='do not match'):
-        plt.plt_token_losses(torch.randn(3, 2, 5), torch.zeros(2, 11, dtype=torch.long), 4)
+        patch_loss.plt_token_losses(torch.randn(3, 2, 5), torch.zeros(2, 11, dtype=torch.long), 4)
 
 
 def test_shift_patch_targets():
     k = 2
     labels = torch.arange(12).view(2, 6)
-    t = plt.shift_patch_targets(labels, k)  # [P, B, K]
+    t = patch_loss.shift_patch_targets(labels, k)  # [P, B, K]
     for p in range(3):
         for b in range(2):
             for j in range(k):
@@ -252,7 +252,7 @@ def test_shift_patch_targets():
 @pytest.mark.parametrize('upstream', [None, 1, 2, 8, 64, 128])
 @pytest.mark.parametrize('k', [1, 2, 3, 4])
 def test_patch_padding_to(upstream, k):
-    got = plt.patch_padding_to(upstream, k)
+    got = patch_layout.patch_padding_to(upstream, k)
     if k == 1:
         assert got == upstream
         return
@@ -264,7 +264,7 @@ def test_patch_padding_to(upstream, k):
 def test_pad_to_multiple():
     for n in range(20):
         for k in range(1, 6):
-            assert (n + plt.pad_to_multiple(n, k)) % k == 0 and 0 <= plt.pad_to_multiple(n, k) < k
+            assert (n + patch_layout.pad_to_multiple(n, k)) % k == 0 and 0 <= patch_layout.pad_to_multiple(n, k) < k
 
 
 # ---- vocab split across a real gloo group (2 ranks), against the full-vocab result ----
@@ -277,7 +277,7 @@ def _vocab_split_worker(rank, world, port, logits_full, labels, k, queue):
         V = logits_full.shape[-1]
         vl = V // world
         shard = logits_full[..., rank * vl:(rank + 1) * vl].clone().requires_grad_(True)
-        losses = plt.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD)
+        losses = patch_loss.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD)
         mask = labels != IGN
         ((losses * mask).sum() / mask.sum()).backward()
         # as bytes: a tensor put on a torch.multiprocessing queue travels as a file descriptor that the reader
@@ -298,7 +298,7 @@ def test_loss_vocab_parallel_matches_full_vocab(world):
     labels[torch.rand(B, P * k) < 0.2] = IGN
     labels[:, :k] = IGN
     full = logits.clone().requires_grad_(True)
-    ref = plt.plt_token_losses(full, labels, k)
+    ref = patch_loss.plt_token_losses(full, labels, k)
     mask = labels != IGN
     ((ref * mask).sum() / mask.sum()).backward()
 

@@ -1,4 +1,4 @@
-"""The fused Triton PLT loss (swift_plt.plt_triton) against the torch reference (swift_plt.plt._PatchCrossEntropy),
+"""The fused Triton PLT loss (swift_plt.patch_level.loss_triton) against the torch reference (swift_plt.patch_level.loss._PatchCrossEntropy),
 run on CPU in Triton's interpreter (TRITON_INTERPRET=1). Skipped when triton is not importable. The same checks on
 real shapes on a GPU: tests/gpu/plt_triton_check.py."""
 import os
@@ -11,8 +11,8 @@ import torch  # noqa: E402
 pytest.importorskip('triton')
 
 from harness.dist import free_port  # noqa: E402
-from swift_plt import plt  # noqa: E402
-from swift_plt import plt_triton  # noqa: E402
+from swift_plt.patch_level import layout as patch_layout, loss as patch_loss  # noqa: E402
+from swift_plt.patch_level import loss_triton  # noqa: E402
 
 IGN = -100
 pytestmark = pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') != '1' and not torch.cuda.is_available(),
@@ -31,14 +31,14 @@ def make_case(seed, P, B, V, K, p_ignore=0.2, dtype=torch.bfloat16, scale=3.0):
 
 def run(impl, logits, labels, K, grad_w, block_fwd=None, block_bwd=None, **kw):
     """losses and logits.grad through plt_token_losses; block_fwd/_bwd: the kernels' vocab blocks (module globals)."""
-    saved = plt_triton.BLOCK_FWD, plt_triton.BLOCK_BWD
-    plt_triton.BLOCK_FWD, plt_triton.BLOCK_BWD = block_fwd or saved[0], block_bwd or saved[1]
+    saved = loss_triton.BLOCK_FWD, loss_triton.BLOCK_BWD
+    loss_triton.BLOCK_FWD, loss_triton.BLOCK_BWD = block_fwd or saved[0], block_bwd or saved[1]
     try:
         x = logits.clone().requires_grad_(True)
-        losses = plt.plt_token_losses(x, labels, K, impl=impl, **kw)
+        losses = patch_loss.plt_token_losses(x, labels, K, impl=impl, **kw)
         (losses * grad_w).sum().backward()
     finally:
-        plt_triton.BLOCK_FWD, plt_triton.BLOCK_BWD = saved
+        loss_triton.BLOCK_FWD, loss_triton.BLOCK_BWD = saved
     return losses.detach(), x.grad
 
 
@@ -98,7 +98,7 @@ def test_triton_inplace_grad_writes_into_logits_storage():
     _, ref_g = run('torch', logits, labels, 4, grad_w)
     leaf = logits.clone().requires_grad_(True)
     act = leaf * 1  # an activation no autograd node keeps (like the output layer's output)
-    losses = plt.plt_token_losses(act, labels, 4, impl='triton', inplace_grad=True)
+    losses = patch_loss.plt_token_losses(act, labels, 4, impl='triton', inplace_grad=True)
     seen = {}
     act.register_hook(lambda g: seen.__setitem__('ptr', g.data_ptr()))
     losses.sum().backward()
@@ -106,33 +106,33 @@ def test_triton_inplace_grad_writes_into_logits_storage():
     torch.testing.assert_close(leaf.grad.float(), ref_g.float(), rtol=1e-2, atol=1e-5)
     # without inplace_grad the caller's logits are left untouched
     x = logits.clone().requires_grad_(True)
-    plt.plt_token_losses(x, labels, 4, impl='triton').sum().backward()
+    patch_loss.plt_token_losses(x, labels, 4, impl='triton').sum().backward()
     assert torch.equal(x.detach(), logits)
 
 
 def test_dispatch_and_opt_out(monkeypatch):
     cpu = torch.zeros(2, 1, 5)
-    assert not plt.fused_loss_enabled(cpu)  # CPU: torch reference
+    assert not patch_loss.fused_loss_enabled(cpu)  # CPU: torch reference
     with pytest.raises(ValueError, match='impl'):
-        plt.plt_token_losses(torch.zeros(2, 1, 5), torch.zeros(1, 4, dtype=torch.long), 2, impl='cuda')
+        patch_loss.plt_token_losses(torch.zeros(2, 1, 5), torch.zeros(1, 4, dtype=torch.long), 2, impl='cuda')
     if torch.cuda.is_available():
         x = torch.zeros(2, 1, 5, device='cuda')
-        assert plt.fused_loss_enabled(x)
+        assert patch_loss.fused_loss_enabled(x)
         monkeypatch.setenv('SWIFT_PLT_FUSED_LOSS', '0')
-        assert not plt.fused_loss_enabled(x)
+        assert not patch_loss.fused_loss_enabled(x)
 
 
 def test_auto_dispatch_uses_triton_on_cuda(monkeypatch):
     """impl=None picks the kernel exactly when fused_loss_enabled says so (mocked: no GPU needed)."""
     calls = []
-    real = plt_triton.patch_cross_entropy_triton
-    monkeypatch.setattr(plt_triton, 'patch_cross_entropy_triton', lambda *a: calls.append(1) or real(*a))
+    real = loss_triton.patch_cross_entropy_triton
+    monkeypatch.setattr(loss_triton, 'patch_cross_entropy_triton', lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(plt, 'fused_loss_enabled', lambda logits: True)
     logits, labels = make_case(1, P=3, B=1, V=20, K=2)
-    plt.plt_token_losses(logits, labels, 2)
+    patch_loss.plt_token_losses(logits, labels, 2)
     assert calls == [1]
     monkeypatch.setattr(plt, 'fused_loss_enabled', lambda logits: False)
-    plt.plt_token_losses(logits, labels, 2)
+    patch_loss.plt_token_losses(logits, labels, 2)
     assert calls == [1]
 
 
@@ -145,7 +145,7 @@ def _tp_worker(rank, world, port, logits_full, labels, grad_w, k, queue):
     try:
         vl = logits_full.shape[-1] // world
         shard = logits_full[..., rank * vl:(rank + 1) * vl].clone().requires_grad_(True)
-        losses = plt.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD,
+        losses = patch_loss.plt_token_losses(shard, labels, k, vocab_start=rank * vl, group=torch.distributed.group.WORLD,
                                       impl='triton')
         (losses * grad_w).sum().backward()
         # numpy arrays are pickled by value: torch tensors would travel through shared memory, which is gone if this

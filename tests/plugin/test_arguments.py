@@ -1,10 +1,10 @@
-"""--patch_size resolution and the checks that must fail before step 1 (swift_plt.arguments)."""
+"""--patch_size resolution and the checks that must fail before step 1 (swift_plt.plugin.arguments)."""
 from types import SimpleNamespace
 
 import pytest
 
 from swift_plt import PLT_MODEL_TYPE
-from swift_plt.arguments import resolve_patch_size, resolve_patch_size_hf
+from swift_plt.plugin.arguments import resolve_patch_size, resolve_patch_size_hf
 
 
 def make_args(patch_size=None, model_type=PLT_MODEL_TYPE, hf_patch_size=None, **kw):
@@ -64,7 +64,7 @@ def test_context_parallel_zigzag_is_accepted():
 
 
 def test_megatron_parallel_layouts_are_accepted_at_k_gt_1():
-    """Sequence parallel, virtual pipeline and data parallel with K > 1 (tests/test_layouts_cpu.py proves them)."""
+    """Sequence parallel, virtual pipeline and data parallel with K > 1 (tests/layouts/test_layouts_cpu.py proves them)."""
     for kw in (dict(sequence_parallel=True, tensor_model_parallel_size=2),
                dict(virtual_pipeline_model_parallel_size=2, pipeline_model_parallel_size=2),
                dict(streaming=True, packing=True)):

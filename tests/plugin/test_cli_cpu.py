@@ -12,7 +12,7 @@ from harness.cli import CPU_MEGATRON_ARGS, convert_precision, hf_train_logs, par
 from harness.tiny import make_jsonl, make_tiny_llama
 
 pytestmark = pytest.mark.slow
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 CUSTOM_MODEL = os.path.join(REPO, 'custom_model', 'llama.py')
 
 

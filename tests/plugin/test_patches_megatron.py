@@ -8,7 +8,7 @@ import torch
 
 from harness.dist import spawn
 
-CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
 
 
 def _argument_classes():
@@ -40,7 +40,7 @@ def _registration():
     from mcore_bridge.model import get_model_meta
     from swift.model import MODEL_MAPPING
 
-    from swift_plt.model import PLTGPTModel, PLTModelConfig, PLTModelLoader
+    from swift_plt.models.megatron_gpt import PLTGPTModel, PLTModelConfig, PLTModelLoader
     swift_meta = MODEL_MAPPING['llama3_2_plt']
     mcore_meta = get_model_meta(swift_meta.mcore_model_type)
     return (swift_meta.mcore_model_type, swift_meta.architectures, mcore_meta.loader is PLTModelLoader,

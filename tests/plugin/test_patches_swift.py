@@ -32,7 +32,7 @@ def test_startup_hook_does_not_import_heavy_modules():
 
 
 def test_version_guard_names_versions(monkeypatch):
-    from swift_plt import versions
+    from swift_plt.compat import versions
     monkeypatch.setattr(versions, 'installed_version', lambda d: {'ms-swift': '4.7.0', 'mcore-bridge': '1.6.5'}.get(d))
     with pytest.raises(RuntimeError, match=r'ms-swift==4.7.0 \(verified: 4.6.x\).*SWIFT_PLT_DISABLE=1'):
         versions.check_versions()
@@ -41,7 +41,7 @@ def test_version_guard_names_versions(monkeypatch):
 
 
 def test_upstream_moved_guard():
-    from swift_plt.patches._guard import guard
+    from swift_plt.compat.guard import guard
 
     class Upstream:
 
@@ -58,7 +58,7 @@ def test_upstream_moved_guard():
 @pytest.fixture(scope='module')
 def template(tmp_path_factory):
     model_dir = make_tiny_llama(str(tmp_path_factory.mktemp('tiny')))
-    from swift_plt.register import register_swift
+    from swift_plt.plugin.register import register_swift
     register_swift()
     from swift.model import get_model_processor
     from swift.template import get_template
@@ -106,7 +106,7 @@ def test_template_pads_each_document_to_k(template, k):
 
 
 def test_packed_row_of_padded_documents_is_patch_aligned(template):
-    from swift_plt.plt import check_patch_aligned
+    from swift_plt.patch_level.layout import check_patch_aligned
     template.plt_patch_size = 4
     try:
         packed = template.packing_row([template.encode(r, return_length=True) for r in ROWS])
@@ -120,9 +120,9 @@ def test_packed_row_of_padded_documents_is_patch_aligned(template):
 
 def test_custom_model_imports_without_transformer_engine():
     """No TE here (and no harness): the HF side registers, the Megatron side is skipped, twice is harmless."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'custom_model', 'llama.py')
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
     code = ('import runpy, sys; runpy.run_path(%r); runpy.run_path(%r);'
-            'from swift.model import MODEL_MAPPING; from swift_plt.register import register_mcore;'
+            'from swift.model import MODEL_MAPPING; from swift_plt.plugin.register import register_mcore;'
             'print(MODEL_MAPPING["llama3_2_plt"].mcore_model_type, register_mcore())' % (path, path))
     out = _python(code)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -130,7 +130,7 @@ def test_custom_model_imports_without_transformer_engine():
 
 
 def test_hf_base_arguments_patch(tmp_path, monkeypatch):
-    """patches/swift_arguments_base_args.py through the real ms-swift argument classes: one extra field on the
+    """swift_plt/plugin/patches/swift_arguments_base_args.py through the real ms-swift argument classes: one extra field on the
     common base, K resolved and handed to the llama3_2_plt loader for training only (export/other: K=1), other
     model types call upstream's loader unchanged, K>1 refused for commands that generate."""
     from dataclasses import fields
@@ -139,7 +139,7 @@ def test_hf_base_arguments_patch(tmp_path, monkeypatch):
     from swift.arguments import BaseArguments, ExportArguments, InferArguments, PretrainArguments, SftArguments
 
     from harness.tiny import make_jsonl
-    from swift_plt.register import register_swift
+    from swift_plt.plugin.register import register_swift
     register_swift()
     upstream = BaseArguments.__mro__[1]
     assert BaseArguments._swift_plt and all(issubclass(c, BaseArguments) for c in (PretrainArguments, ExportArguments))
@@ -171,8 +171,8 @@ def test_hf_base_arguments_patch(tmp_path, monkeypatch):
 def test_hf_loader_builds_plt_model_at_k_gt_1_only(tmp_path):
     from transformers import LlamaForCausalLM
 
-    from swift_plt.modeling_llama import PLTLlamaForCausalLM
-    from swift_plt.register import register_swift
+    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
+    from swift_plt.plugin.register import register_swift
     register_swift()
     from swift.model import get_model_processor
     model_dir = make_tiny_llama(str(tmp_path))

@@ -136,7 +136,7 @@ def test_exports_are_plain_llamas_for_plain_transformers(run, export):
     # a fresh interpreter without swift-plt (startup hook off): plain transformers, no remote code
     env = dict(os.environ, SWIFT_PLT_DISABLE='1', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1',
                OMP_NUM_THREADS=cpu_threads())
-    proc = subprocess.run([sys.executable, '-m', 'swift_plt.vanilla', '--check', hf], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, '-m', 'swift_plt.recipe.export', '--check', hf], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)['class'] == 'transformers.models.llama.modeling_llama.LlamaForCausalLM'

@@ -10,10 +10,10 @@ from fractions import Fraction
 
 import pytest
 
-from swift_plt import two_stage, vanilla
-from swift_plt.plan import make_plan, min_tokens, parse_lam, parse_tokens
+from swift_plt.recipe import cli as two_stage, export as vanilla
+from swift_plt.recipe.plan import make_plan, min_tokens, parse_lam, parse_tokens
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 
 
 # ---------------------------------------------------------------------------------------------- arithmetic

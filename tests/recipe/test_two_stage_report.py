@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from swift_plt.plan import make_plan
-from swift_plt.two_stage import record_wall_time, stage_report, train_loop_seconds, write_report
+from swift_plt.recipe.plan import make_plan
+from swift_plt.recipe.cli import record_wall_time, stage_report, train_loop_seconds, write_report
 
 
 def _write_logs(path, entries):

@@ -1,22 +1,23 @@
 """Every upstream touch point of swift-plt, one module per patched upstream module.
 
-Installed as ``swift_plt.patches`` (setup.py maps this folder there). Each module defines
+Each module defines
   TARGET    the upstream module it patches,
   VERIFIED  the upstream version its patch was verified against,
-  apply(m)  the patch, applied by ``swift_plt.activation`` right after ``TARGET`` is imported. It checks the
+  apply(m)  the patch, applied by ``swift_plt.plugin.import_hook`` right after ``TARGET`` is imported. It checks the
             upstream names it touches first (``guard``) and raises if upstream moved, instead of patching blindly.
 Every patch is a wrapper around the original that returns the original's result unchanged unless the run is a
 PLT run with patch_size K > 1, or a ``llama3_2_critic`` run (load_mcore_checkpoint into a critic; critic training:
 the --value_clip_range flag, the row targets in the template, the critic trainer); K=1 and every other model type
 are bit-for-bit upstream.
 
-``transformers_modeling_rope_utils`` is the one touch point that is not an import-time patch (not in ``PATCHES``): a
-context manager (``swift_plt.hf_compat.hf_rope_guard``) that sets transformers' ``ROPE_INIT_FUNCTIONS['default']``
-for the duration of an HF model build and restores it, guarded the same way each time it runs.
+The transformers RoPE touch (``swift_plt.compat.transformers_rope``) is not an import-time patch: a context
+manager around every HF model build of the plugin, guarded the same way each time it runs.
 """
-from . import (swift_arguments_base_args, swift_megatron_arguments, swift_megatron_pipelines_train_sft,
-               swift_megatron_trainers_base, swift_megatron_trainers_utils, swift_megatron_utils,
-               swift_megatron_utils_megatron_lm_utils, swift_pipelines_train_sft, swift_template, transformers_trainer)
+from swift_plt.plugin.patches import (swift_arguments_base_args, swift_megatron_arguments,
+                                      swift_megatron_pipelines_train_sft, swift_megatron_trainers_base,
+                                      swift_megatron_trainers_utils, swift_megatron_utils,
+                                      swift_megatron_utils_megatron_lm_utils, swift_pipelines_train_sft, swift_template,
+                                      transformers_trainer)
 
 PATCHES = [
     swift_megatron_arguments,  # --patch_size, --value_clip_range on MegatronArguments (+ validation before step 1)

@@ -3,16 +3,16 @@
 BaseArguments is the common base of the HF-side argument classes (SftArguments/PretrainArguments of `swift pt/sft`,
 ExportArguments, InferArguments, ...) and of MegatronBaseArguments. The patch runs right after the module executes,
 before the modules that subclass it, and swaps in a dataclass subclass with one extra field and three hooks:
-  * ``__post_init__``: on the HF side, resolve and check K (swift_plt.arguments.resolve_patch_size_hf) before the
+  * ``__post_init__``: on the HF side, resolve and check K (swift_plt.plugin.arguments.resolve_patch_size_hf) before the
     model loads; Megatron arguments are left to their own patch (resolved in ``_init_distributed``);
-  * ``get_model_processor``: hand K to the loader of ``llama3_2_plt`` (swift_plt.register.PLTLlamaLoader), which
+  * ``get_model_processor``: hand K to the loader of ``llama3_2_plt`` (swift_plt.plugin.register.PLTLlamaLoader), which
     builds ``PLTLlamaForCausalLM`` at that K for training and at K=1 otherwise (export: the weights do not depend
     on K; ms-swift's precision check compares token-level logits). Other model types: upstream call unchanged.
 """
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._guard import check_once, guard, has_field, swap_class
+from swift_plt.compat.guard import check_once, guard, has_field, swap_class
 
 TARGET = 'swift.arguments.base_args.base_args'
 VERIFIED = 'ms-swift 4.6.0'
@@ -35,7 +35,7 @@ def apply(module):
         return
     guard(upstream, '__post_init__', ['self'], VERIFIED)
     guard(upstream, 'get_model_processor', ['self', 'model', 'model_type'], VERIFIED)
-    from swift_plt.arguments import PATCH_SIZE_HELP, is_plt_model, resolve_patch_size_hf
+    from swift_plt.plugin.arguments import PATCH_SIZE_HELP, is_plt_model, resolve_patch_size_hf
 
     @dataclass
     class BaseArguments(upstream):

@@ -10,7 +10,7 @@ torch.distributed starts. Neither changes anything for other model types unless 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._guard import check_once, guard, has_field, swap_class
+from swift_plt.compat.guard import check_once, guard, has_field, swap_class
 
 TARGET = 'swift.megatron.arguments.megatron_args'
 VERIFIED = 'ms-swift 4.6.0'
@@ -23,7 +23,7 @@ def apply(module):
         return
     guard(upstream, '__post_init__', ['self'], VERIFIED)
     guard(upstream, '_init_distributed', ['self'], VERIFIED)
-    from swift_plt.arguments import PATCH_SIZE_HELP, resolve_patch_size
+    from swift_plt.plugin.arguments import PATCH_SIZE_HELP, resolve_patch_size
     from swift_plt.critic.arguments import VALUE_CLIP_RANGE_HELP, resolve_critic_args
 
     @dataclass

@@ -4,7 +4,7 @@ swift_plt.critic.trainer.MegatronCriticTrainer, a subclass of upstream's Megatro
 gets upstream's trainer, unchanged."""
 import functools
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.megatron.pipelines.train.sft'
 VERIFIED = 'ms-swift 4.6.0'

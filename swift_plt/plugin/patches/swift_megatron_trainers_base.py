@@ -5,14 +5,14 @@ that happens when every document of the step is at most K tokens long (its first
 upstream would log no loss and a zero grad norm and go on. After upstream's step, the token counts that ms-swift's
 ``loss_func`` already returns per micro-batch (``metrics['loss'][1]``, last pipeline stage) are summed over the whole
 world (one scalar all-reduce, every rank takes part, so every rank raises together: no hang) and the run stops with
-swift_plt.data_report.check_step_loss_tokens's message, before the step is logged or saved. The counts are summed
+swift_plt.data.report.check_step_loss_tokens's message, before the step is logged or saved. The counts are summed
 on the device: one all-reduce and one device-to-host copy (``.item()``) per step, whatever the number of
 micro-batches (ms-swift's ``loss_func`` defers its own reductions to log time). K=1: upstream unchanged (ms-swift
 accepts such steps).
 """
 import functools
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.megatron.trainers.base'
 VERIFIED = 'ms-swift 4.6.0'
@@ -34,7 +34,7 @@ def apply(module):
     upstream = guard(cls, 'train_step', ['self', 'train_data_iterator'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
-    from swift_plt.data_report import check_step_loss_tokens
+    from swift_plt.data.report import check_step_loss_tokens
 
     @functools.wraps(upstream)
     def train_step(self, train_data_iterator):

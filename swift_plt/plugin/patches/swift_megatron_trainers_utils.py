@@ -1,20 +1,20 @@
 """ms-swift ``swift.megatron.trainers.utils.get_batch_on_this_pp_rank``: at K > 1, no label roll.
 
 Upstream rolls ``labels``/``loss_scale`` by -1 for causal LMs (position t predicts token t+1). PLT labels stay
-token-aligned (patch p predicts the tokens of patch p+1, see swift_plt.plt), and the first patch of every document,
+token-aligned (patch p predicts the tokens of patch p+1, see swift_plt.patch_level), and the first patch of every document,
 which nothing predicts, is set to -100 so that ms-swift's token count (labels != -100) counts exactly the tokens
 that carry a loss. Also checked here, on the CPU batch before it moves to the GPU: no patch straddles two documents.
 
 Context parallel (K > 1): upstream's CP split (``get_batch_on_this_cp_rank``, after this function) would separate a
 patch from its targets (the next patch's tokens, possibly in another CP chunk). As upstream rolls the labels by 1
-before the split at token level, the labels (and loss_scale) are rolled here by K (swift_plt.plt.roll_patch_labels):
+before the split at token level, the labels (and loss_scale) are rolled here by K (swift_plt.patch_level.loss.roll_patch_labels):
 patch p's own K slots hold its targets, so they are local after the split (the model then uses them unshifted,
-swift_plt.plt.plt_local_token_losses). Checked first: every document / padded row is a multiple of 2*CP*K tokens,
+swift_plt.patch_level.loss.plt_local_token_losses). Checked first: every document / padded row is a multiple of 2*CP*K tokens,
 so the split cuts at patch boundaries. Without CP nothing changes (no roll).
 """
 import functools
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.megatron.trainers.utils'
 VERIFIED = 'ms-swift 4.6.0'
@@ -36,8 +36,9 @@ def apply(module):
     upstream = guard(module, 'get_batch_on_this_pp_rank', ['args', 'data', 'vp_stage'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
-    from swift_plt import plt as plt_math  # CP helpers looked up at call time (the tests' mutations swap them)
-    from swift_plt.plt import check_patch_aligned, mask_first_patch
+    # the CP helpers are looked up at call time (the tests' mutations swap them)
+    from swift_plt.patch_level import layout as patch_layout, loss as patch_loss
+    from swift_plt.patch_level.layout import check_patch_aligned, mask_first_patch
 
     @functools.wraps(upstream)
     def get_batch_on_this_pp_rank(args, data, vp_stage=None):
@@ -48,13 +49,13 @@ def apply(module):
         check_patch_aligned(position_ids, k)
         cp = getattr(args, 'context_parallel_size', 1) or 1
         if cp > 1:
-            plt_math.check_cp_patch_layout(position_ids, k, cp, bool(getattr(args, 'padding_free', False)))
+            patch_layout.check_cp_patch_layout(position_ids, k, cp, bool(getattr(args, 'padding_free', False)))
         if data.get('labels') is not None:
             data['labels'] = mask_first_patch(data['labels'], position_ids, k)
             if cp > 1:
-                data['labels'] = plt_math.roll_patch_labels(data['labels'], k)
+                data['labels'] = patch_loss.roll_patch_labels(data['labels'], k)
         if cp > 1 and data.get('loss_scale') is not None:
-            data['loss_scale'] = plt_math.roll_patch_labels(data['loss_scale'], k)
+            data['loss_scale'] = patch_loss.roll_patch_labels(data['loss_scale'], k)
         return upstream(_WithoutLabelRoll(args), data, vp_stage=vp_stage)
 
     get_batch_on_this_pp_rank._swift_plt = True

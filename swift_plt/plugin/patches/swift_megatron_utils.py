@@ -3,7 +3,7 @@ K * (upstream multiple), so the *patch* sequence P = S / K keeps what upstream r
 parallel, 2*CP, fp8 blocks, fused attention)."""
 import functools
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.megatron.utils.utils'
 VERIFIED = 'ms-swift 4.6.0'
@@ -14,7 +14,7 @@ def apply(module):
     upstream = guard(module, 'get_padding_to', ['args'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
-    from swift_plt.plt import patch_padding_to
+    from swift_plt.patch_level.layout import patch_padding_to
 
     @functools.wraps(upstream)
     def get_padding_to(args):

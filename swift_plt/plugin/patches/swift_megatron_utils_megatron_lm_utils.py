@@ -11,7 +11,7 @@ upstream, strictly; no head or an LM head (a causal LM) loads everything but the
 import functools
 import os
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.megatron.utils.megatron_lm_utils'
 VERIFIED = 'ms-swift 4.6.0'

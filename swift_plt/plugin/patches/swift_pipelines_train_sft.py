@@ -4,7 +4,7 @@
   multiple of K (see swift_template), and, for a critic run (swift_plt.critic), whether rows carry old values (None:
   not a critic, the template does nothing extra). The template travels to dataset workers with its attributes.
 * ``_post_process_datasets`` (both backends; it receives the loaded train/val data sets right before ms-swift wraps
-  them for lazy encoding / packing / streaming): at K > 1, the PLT data report (swift_plt.data_report): the first
+  them for lazy encoding / packing / streaming): at K > 1, the PLT data report (swift_plt.data.report): the first
   documents of each data set (all up to SWIFT_PLT_REPORT_DOCS, default 1,000, else that many evenly spaced; streaming:
   the first 1,000) encoded by the
   run's template at K=1 and at K, printed before step 1, kept as OUTPUT_DIR/plt_data_report.json; a train set in
@@ -16,7 +16,7 @@ import itertools
 import os
 import time
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.pipelines.train.sft'
 VERIFIED = 'ms-swift 4.6.0'
@@ -93,7 +93,7 @@ def _sample_rows(dataset, n):
 def plt_data_report(args, template, datasets, k):
     from swift.utils import get_logger, is_master
 
-    from swift_plt.data_report import (REPORT_FILE, build_report, check_report, max_docs_from_env,
+    from swift_plt.data.report import (REPORT_FILE, build_report, check_report, max_docs_from_env,
                                        min_fraction_from_env, write_reports)
     logger = get_logger()
     min_fraction = min_fraction_from_env()

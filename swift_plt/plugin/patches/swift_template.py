@@ -10,7 +10,7 @@ the padding. ``--max_length`` is required to be a multiple of K, so padding neve
 
 PLT under Megatron context parallel (K > 1, ``sequence_parallel_size`` = CP > 1): upstream pads every document
 (padding-free) or row (padded) to a multiple of 2*CP in the collator (``_handle_megatron_cp``, and
-``_get_megatron_cp_length`` for the same length); here it is 2*CP*K (swift_plt.plt.cp_multiple), so the CP split
+``_get_megatron_cp_length`` for the same length); here it is 2*CP*K (swift_plt.patch_level.layout.cp_multiple), so the CP split
 cuts at patch boundaries and every document has a multiple of 2*CP patches. Padding-free batches that upstream pads
 at the end (``padding_to``) get position ids restarting every 2*CP tokens; at K > 1 every 2*CP*K tokens instead, so
 those padding documents are whole patches too (the tail is a multiple of 2*CP*K: ``get_padding_to`` is K times
@@ -29,15 +29,15 @@ validates them while the dataset is encoded, before step 1), and the collator la
 ``Template._get_megatron_cp_length``, before packing, as upstream pads input_ids/labels). Otherwise every method returns upstream's result untouched."""
 import functools
 
-from ._guard import check_once, guard
+from swift_plt.compat.guard import check_once, guard
 
 TARGET = 'swift.template.base'
 VERIFIED = 'ms-swift 4.6.0'
 
 
 def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
-    from swift_plt.plt import IGNORE_INDEX
-    if encoded.get('labels') is not None:  # the first patch (the model masks it too: swift_plt.plt.mask_first_patch)
+    from swift_plt.patch_level import IGNORE_INDEX
+    if encoded.get('labels') is not None:  # the first patch (the model masks it too: swift_plt.patch_level.layout.mask_first_patch)
         encoded['labels'] = [IGNORE_INDEX] * min(patch_size, len(encoded['labels'])) + list(
             encoded['labels'][patch_size:])
     return pad_encoded_to(encoded, patch_size, pad_token_id)
@@ -46,7 +46,8 @@ def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
 def pad_encoded_to(encoded: dict, multiple: int, pad_token_id: int) -> dict:
     """Pad an encoded document (input_ids with the pad token, labels -100, loss_scale 0, length) to a multiple of
     ``multiple`` tokens, as upstream's ``Template._handle_megatron_cp`` does for 2*CP."""
-    from swift_plt.plt import IGNORE_INDEX, pad_to_multiple
+    from swift_plt.patch_level import IGNORE_INDEX
+    from swift_plt.patch_level.layout import pad_to_multiple
     n = pad_to_multiple(len(encoded['input_ids']), multiple)
     if n:
         encoded['input_ids'] = list(encoded['input_ids']) + [pad_token_id] * n
@@ -60,7 +61,7 @@ def pad_encoded_to(encoded: dict, multiple: int, pad_token_id: int) -> dict:
 
 def _plt_cp(template) -> int:
     """2*CP*K when the template collates PLT batches for Megatron context parallel, else 0."""
-    from swift_plt.plt import cp_multiple
+    from swift_plt.patch_level.layout import cp_multiple
     k = getattr(template, 'plt_patch_size', 1)
     cp = getattr(template, 'sequence_parallel_size', 1) or 1
     if k > 1 and cp > 1 and getattr(template, 'use_megatron', False):

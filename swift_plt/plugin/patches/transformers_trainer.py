@@ -7,12 +7,12 @@ batches are counted on the device (no host copy per micro-batch), summed over th
 of micro-batches (one all-reduce of 2 numbers; every rank takes part once per step, also a rank that got no
 micro-batch at the end of an uneven epoch, so none waits alone, and every rank raises together), copied to the host
 once per step, and a step that has micro-batches but no loss token fails with
-swift_plt.data_report.check_step_loss_tokens's message, before its forward. Any other model, or K=1: upstream's
+swift_plt.data.report.check_step_loss_tokens's message, before its forward. Any other model, or K=1: upstream's
 result, untouched.
 """
 import functools
 
-from ._guard import guard
+from swift_plt.compat.guard import guard
 
 TARGET = 'transformers.trainer'
 VERIFIED = 'transformers 5.19 (ms-swift 4.6.0)'
@@ -21,7 +21,7 @@ VERIFIED = 'transformers 5.19 (ms-swift 4.6.0)'
 def model_patch_size(model) -> int:
     """K of a (possibly DDP/PEFT-wrapped) ``PLTLlamaForCausalLM``; 1 for any other model (a plain Llama keeps a
     ``patch_size`` of its config.json at --patch_size 1, which must not count)."""
-    from swift_plt.modeling_llama import PLTLlamaForCausalLM
+    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
     for _ in range(4):
         if isinstance(model, PLTLlamaForCausalLM):
             return model.patch_size
@@ -50,7 +50,7 @@ def apply(module):
     upstream = guard(cls, 'get_batch_samples', ['self', 'epoch_iterator', 'num_batches', 'device'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
-    from swift_plt.data_report import check_step_loss_tokens
+    from swift_plt.data.report import check_step_loss_tokens
 
     @functools.wraps(upstream)
     def get_batch_samples(self, epoch_iterator, num_batches, device):

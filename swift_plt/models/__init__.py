@@ -1,0 +1,1 @@
+"""The PLT models: ``PLTGPTModel`` (Megatron, mcore-bridge's GPTModel) and ``PLTLlamaForCausalLM`` (transformers)."""

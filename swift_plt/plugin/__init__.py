@@ -1,0 +1,1 @@
+"""Wiring into ms-swift: the import hook, model registration, argument checks and the upstream patches."""

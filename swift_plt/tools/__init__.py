@@ -1,0 +1,1 @@
+"""Tools: a tiny random Llama with an offline tokenizer and data, for quickstarts and tests."""
