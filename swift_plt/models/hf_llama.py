@@ -20,8 +20,15 @@ from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from swift_plt.patch_level import IGNORE_INDEX
-from swift_plt.patch_level.layout import check_patch_aligned, mask_first_patch, patch_padding_mask, patch_position_ids, pool_patches
+from swift_plt.patch_level.layout import (
+    check_patch_aligned,
+    mask_first_patch,
+    patch_padding_mask,
+    patch_position_ids,
+    pool_patches,
+)
 from swift_plt.patch_level.loss import plt_token_losses
+from swift_plt.patch_level.patch_size import patch_size_of
 
 GENERATE_ERROR = ('patch_size={k}: a patch-level (PLT) model does not generate token by token. Generate with the '
                   'token-level model: load the checkpoint as a plain Llama (LlamaForCausalLM; swift-plt saves it '
@@ -32,7 +39,7 @@ class PLTLlamaForCausalLM(LlamaForCausalLM):
 
     @property
     def patch_size(self) -> int:
-        return getattr(self.config, 'patch_size', None) or 1
+        return patch_size_of(self.config)
 
     def forward(self,
                 input_ids: Optional[torch.LongTensor] = None,

@@ -3,6 +3,7 @@ transformers' own ``LlamaForCausalLM`` (K=1 loads exactly what model type ``llam
 from swift.model.register import ModelLoader
 
 from swift_plt.compat.transformers import hf_rope_guard
+from swift_plt.patch_level.patch_size import resolve_patch_size
 
 
 class PLTLlamaLoader(ModelLoader):
@@ -14,7 +15,7 @@ class PLTLlamaLoader(ModelLoader):
         self.patch_size = patch_size
 
     def get_model(self, model_dir, config, processor, model_kwargs):
-        k = self.patch_size or getattr(config, 'patch_size', None) or 1
+        k = resolve_patch_size(self.patch_size, config)
         if k > 1 and self.auto_model_cls is None:
             from swift_plt.models.hf_llama import PLTLlamaForCausalLM
             config.patch_size = k

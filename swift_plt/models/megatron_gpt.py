@@ -26,8 +26,16 @@ from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 
-from swift_plt.patch_level.layout import check_sequence_parallel_length, cp_patch_cu_seqlens, patch_attention_mask, patch_cu_seqlens, patch_position_ids, pool_patches
+from swift_plt.patch_level.layout import (
+    check_sequence_parallel_length,
+    cp_patch_cu_seqlens,
+    patch_attention_mask,
+    patch_cu_seqlens,
+    patch_position_ids,
+    pool_patches,
+)
 from swift_plt.patch_level.loss import plt_local_token_losses, plt_token_losses
+from swift_plt.patch_level.patch_size import resolve_patch_size
 
 
 @dataclass
@@ -38,7 +46,7 @@ class PLTModelConfig(ModelConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.patch_size is None:
-            self.patch_size = int(getattr(self.hf_config, 'patch_size', None) or 1)
+            self.patch_size = resolve_patch_size(None, self.hf_config)
         if self.patch_size > 1:
             # The CLI already refused these (swift_plt.plugin.arguments); this guards direct API use (RL drivers, scripts).
             unsupported = {

@@ -8,6 +8,7 @@ import torch
 
 from swift_plt.patch_level import IGNORE_INDEX
 
+
 def patch_padding_to(upstream_padding_to: Optional[int], patch_size: int) -> Optional[int]:
     """Length multiple for a batch at patch size K.
 
@@ -55,7 +56,7 @@ def _host_array(t: torch.Tensor):
     micro-batch. A torch CPU op on more than 32768 elements (a K=4 micro-batch of 8 x 8192 positions has 65536)
     runs in torch's OpenMP pool, and when that pool is larger than the cores left free (dataloader workers,
     pin-memory thread, other ranks) every op waits at the pool's barrier: 4-5 ms per op in the H200 profile of
-    2026-11-23, ~140 ms per step. numpy's elementwise ops never use a thread pool (benchmarks/batch_check_bench.py).
+    2026-11-23, ~140 ms per step. numpy's elementwise ops never use a thread pool.
     """
     return t.detach().numpy() if t.device.type == 'cpu' else t
 
@@ -122,6 +123,11 @@ def mask_first_patch(labels: torch.Tensor, position_ids: torch.Tensor, patch_siz
     if labels.device.type == 'cpu' and position_ids.device.type == 'cpu':
         return torch.from_numpy(np.where(_host_array(position_ids) < patch_size, IGNORE_INDEX, _host_array(labels)))
     return labels.masked_fill(position_ids < patch_size, IGNORE_INDEX)
+
+
+def mask_first_patch_of_document(labels, patch_size: int) -> list:
+    """``mask_first_patch`` for one document's label list (positions 0..n-1), as the template encodes it."""
+    return [IGNORE_INDEX] * min(patch_size, len(labels)) + list(labels[patch_size:])
 
 
 def cp_multiple(patch_size: int, cp_size: int) -> int:

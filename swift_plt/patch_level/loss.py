@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from swift_plt.patch_level import IGNORE_INDEX
 
+
 def shift_patch_targets(labels: torch.Tensor, patch_size: int) -> torch.Tensor:
     """Token-aligned labels [B, S] -> targets [P, B, K] of each patch's output: the tokens of the next patch
     (-100 for the last patch)."""

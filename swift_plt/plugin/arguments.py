@@ -1,7 +1,6 @@
 """``--patch_size``: resolution (CLI > HF config.json > 1) and every check that must fail before step 1."""
-from typing import Optional
-
 from swift_plt import PLT_MODEL_TYPE
+from swift_plt.patch_level import patch_size as patch_size_rule
 
 PATCH_SIZE_HELP = ('Patch-level training: number of consecutive tokens K pooled into one patch (model type '
                    f'{PLT_MODEL_TYPE} only). 1 = ordinary token-level training. Default: `patch_size` of the HF '
@@ -17,11 +16,8 @@ def is_plt_model(args) -> bool:
 def resolve_patch_size(args) -> int:
     """Set ``args.patch_size`` to the effective K and raise ValueError (what is wrong, what to do) on bad input."""
     plt = is_plt_model(args)
-    k: Optional[int] = args.patch_size
-    if k is None and plt:
-        config = getattr(getattr(args, 'model_info', None), 'config', None)
-        k = getattr(config, 'patch_size', None)
-    k = 1 if k is None else k
+    config = getattr(getattr(args, 'model_info', None), 'config', None) if plt else None
+    k = patch_size_rule.resolve_patch_size(args.patch_size, config)
     check_patch_size(k, args.model_type, plt)
     args.patch_size = k
     if k > 1:

@@ -12,7 +12,7 @@ from swift_plt.data.report import (DataReport, DocCounts, NoLossDataError, build
                                    check_step_loss_tokens, document_counts, estimate_loss_tokens, expected_counts,
                                    length_bucket,
                                    max_docs_from_env, min_fraction_from_env, read_reports, write_reports)
-from swift_plt.plugin.patches.swift_template import pad_encoded
+from swift_plt.data.padding import pad_encoded
 
 IGN = -100
 
@@ -313,7 +313,7 @@ def _rows(texts):
 def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
     from datasets import Dataset
 
-    from swift_plt.plugin.patches.swift_pipelines_train_sft import plt_data_report
+    from swift_plt.data.template_report import plt_data_report
     texts = ['a', 'hi', 'the quick brown fox jumps over the lazy dog', 'x y', 'hello world, this is a test',
              'word ' * 200]  # the last exceeds --max_length 64: dropped by the encoder
     k = 4
@@ -322,11 +322,11 @@ def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
         output_dir = str(tmp_path)
         streaming = False
 
-    template.plt_patch_size = k
+    template.patch_size = k
     try:
         (r, ) = plt_data_report(Args, template, [Dataset.from_list(_rows(texts)), None], k)
     finally:
-        template.plt_patch_size = 1
+        template.patch_size = 1
     rows = []
     for row in _rows(texts):  # brute force: the upstream (K=1) encoding and the formula
         try:
@@ -339,19 +339,19 @@ def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
     assert r.documents_without_loss == sum(1 for x in rows if x[3] == 0) >= 2
     assert read_reports(str(tmp_path / 'plt_data_report.json'))['train']['loss_tokens'] == r.loss_tokens
     # streaming: the first N documents, said so
-    template.plt_patch_size = k
+    template.patch_size = k
     try:
         (s, ) = plt_data_report(Args, template, [Dataset.from_list(_rows(texts)).to_iterable_dataset(), None], k)
     finally:
-        template.plt_patch_size = 1
+        template.patch_size = 1
     assert s.sampled and s.total_documents is None and s.loss_tokens == r.loss_tokens
     # more documents than SWIFT_PLT_REPORT_DOCS: that many, evenly spaced (rows 0, 2, 4 of 6), said so
-    template.plt_patch_size = k
+    template.patch_size = k
     try:
         os.environ['SWIFT_PLT_REPORT_DOCS'] = '3'
         (e, ) = plt_data_report(Args, template, [Dataset.from_list(_rows(texts)), None], k)
     finally:
-        template.plt_patch_size = 1
+        template.patch_size = 1
         del os.environ['SWIFT_PLT_REPORT_DOCS']
     picked = [brute(template.encode(row)['labels'], k) for row in _rows(texts[0:6:2])]
     assert e.sampled and e.total_documents == 6 and e.documents == 3 and e.skipped == 0
@@ -359,12 +359,12 @@ def test_report_glue_equals_brute_force_over_encoded_rows(template, tmp_path):
                                                                               for i in range(4))
     assert '3 of 6 documents, evenly spaced' in e.summary()
     # a train set of short documents is refused
-    template.plt_patch_size = k
+    template.patch_size = k
     try:
         with pytest.raises(NoLossDataError, match='no document of the train data set'):
             plt_data_report(Args, template, [Dataset.from_list(_rows(['a', 'hi', 'ok'])), None], k)
     finally:
-        template.plt_patch_size = 1
+        template.patch_size = 1
 
 
 def test_estimate_loss_tokens_by_hand():
@@ -380,7 +380,8 @@ def test_estimate_loss_tokens_by_hand():
 
 def test_two_stage_reads_packing_and_publishes_report(tmp_path, capsys):
     from swift_plt.recipe.plan import make_plan
-    from swift_plt.recipe.cli import Options, _packing, publish_data_report
+    from swift_plt.recipe.options import Options
+    from swift_plt.recipe.stage_report import _packing, publish_data_report
     assert _packing(['--packing', 'true']) and _packing(['--packing=True']) and not _packing(['--packing', 'false'])
     assert not _packing(['--packing', 'true', '--packing', 'false']) and not _packing([])
     plan = make_plan('3840', 4, '0.8', seq_length=64, global_batch_size=4)  # 3 + 3 steps of 4 sequences

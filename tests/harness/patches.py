@@ -397,14 +397,15 @@ def _patch_dot_product_attention(dpa):
 def _patch_pack_as_cp(base):
     import functools
 
-    from swift_plt.plugin.patches.swift_template import pad_encoded_to
+    from swift_plt.data.padding import pad_encoded_to
+    from swift_plt.patch_level.patch_size import patch_size_of
     cp = int(os.environ['SWIFT_PLT_CPU_PACK_AS_CP'])
     inner = base.Template._encode_truncated
 
     @functools.wraps(inner)
     def _encode_truncated(self, inputs):
         encoded = inner(self, inputs)
-        k = getattr(self, 'plt_patch_size', 1)
+        k = patch_size_of(self)
         if k > 1 and self.padding_free:
             pad_id = self.tokenizer.pad_token_id
             for e in encoded if isinstance(encoded, list) else [encoded]:

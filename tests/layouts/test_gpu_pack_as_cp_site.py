@@ -1,8 +1,7 @@
-"""tests/gpu/pack_as_cp/sitecustomize.py, the CP2 --packing reference of the GPU layout checks. (The benchmark tool
-tests that were here moved beside their benchmarks: benchmarks/quality/, benchmarks/throughput/.)"""
+"""tests/gpu/pack_as_cp/sitecustomize.py, the CP2 --packing reference of the GPU layout checks."""
 import os
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 
 
 def test_gpu_pack_as_cp_site_applies_harness_p15_only_when_asked():

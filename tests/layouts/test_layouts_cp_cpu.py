@@ -61,7 +61,7 @@ def collate(template, rows, cp, padding_free, k=K, padding_to=None):
     template's ``sequence_parallel_size``), ``padding_to`` as ``get_padding_to`` (K * CP) unless given."""
     from swift_plt.patch_level.layout import patch_padding_to
     tpl = copy.copy(template)
-    tpl.plt_patch_size, tpl.sequence_parallel_size, tpl.padding_free = k, cp, padding_free
+    tpl.patch_size, tpl.sequence_parallel_size, tpl.padding_free = k, cp, padding_free
     encoded = [tpl.encode(r, return_length=True) for r in rows]
     batch = tpl.data_collator(encoded, padding_to=padding_to or patch_padding_to(cp if cp > 1 else None, k))
     return {key: batch[key] for key in ('input_ids', 'labels', 'position_ids', 'attention_mask') if key in batch}
@@ -126,7 +126,7 @@ def test_mutation_no_per_document_cp_padding_fails(template, monkeypatch):
     from swift_plt.patch_level.layout import patch_padding_to
     monkeypatch.setattr(Template, '_handle_megatron_cp', lambda self, batch: None)
     tpl = copy.copy(template)
-    tpl.plt_patch_size, tpl.padding_free, tpl.sequence_parallel_size = K, True, 1
+    tpl.patch_size, tpl.padding_free, tpl.sequence_parallel_size = K, True, 1
     encoded = [tpl.encode(r, return_length=True) for r in ROWS]  # without the encode-time CP padding
     tpl.sequence_parallel_size = 2
     batch = tpl.data_collator(encoded, padding_to=patch_padding_to(2, K))
@@ -154,7 +154,7 @@ def _pack(template, rows, cp, packing_length, k=K):
     collated as the Megatron collator does (padding_to = 2*CP*K, a divisor of packing_length: no tail padding)."""
     from swift.dataset.packing import calculate_matched_group
     tpl = copy.copy(template)
-    tpl.plt_patch_size, tpl.sequence_parallel_size, tpl.padding_free, tpl.packing = k, cp, True, True
+    tpl.patch_size, tpl.sequence_parallel_size, tpl.padding_free, tpl.packing = k, cp, True, True
     encoded = [tpl.encode(r, return_length=True) for r in rows]
     bins, _ = calculate_matched_group([(i, sum(e['lengths'])) for i, e in enumerate(encoded)], packing_length)
     return [tpl.data_collator([[copy.deepcopy(encoded[i]) for i, _ in b]], padding_to=2 * cp * k) for b in bins]
@@ -182,7 +182,7 @@ def test_padding_free_batch_same_as_collator_cp_padding(template):
     """The 2*CP*K padding at encode time gives the padding-free batch that the collator's own CP padding gave
     (documents encoded without it, at CP=1, collated at CP=2), bit for bit, tail padding included."""
     tpl = copy.copy(template)
-    tpl.plt_patch_size, tpl.padding_free = K, True
+    tpl.patch_size, tpl.padding_free = K, True
     tpl.sequence_parallel_size = 1
     old = [tpl.encode(r, return_length=True) for r in ROWS]
     tpl.sequence_parallel_size = 2

@@ -9,6 +9,7 @@ import torch
 
 from harness.dist import cpu_threads
 from harness.tiny import make_tiny_llama
+from swift_plt.patch_level.patch_size import patch_size_of
 
 ENV = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS=cpu_threads())
 
@@ -74,7 +75,7 @@ ROWS = [{'messages': [{'role': 'assistant', 'content': text}]}
 
 def test_template_k1_is_upstream(template):
     from swift.template.base import Template
-    assert getattr(template, 'plt_patch_size', 1) == 1
+    assert patch_size_of(template) == 1
     for row in ROWS:
         got = template.encode(row, return_length=True)
         template._encode_truncated = Template._encode_truncated.__wrapped__.__get__(template)  # the original
@@ -87,31 +88,31 @@ def test_template_k1_is_upstream(template):
 
 @pytest.mark.parametrize('k', [2, 3, 4])
 def test_template_pads_each_document_to_k(template, k):
-    template.plt_patch_size = k
+    template.patch_size = k
     try:
         for row in ROWS:
             got = template.encode(row, return_length=True)
             n = len(got['input_ids'])
             assert n % k == 0 and got['length'] == n and len(got['labels']) == n
-            template.plt_patch_size = 1
+            template.patch_size = 1
             ref = template.encode(row, return_length=True)
-            template.plt_patch_size = k
+            template.patch_size = k
             m = len(ref['input_ids'])
             assert n - m < k and got['input_ids'][:m] == ref['input_ids']
             assert got['labels'][:k] == [-100] * k and got['labels'][k:m] == ref['labels'][k:]  # first patch masked
             assert got['input_ids'][m:] == [template.tokenizer.pad_token_id] * (n - m)
             assert got['labels'][m:] == [-100] * (n - m)
     finally:
-        template.plt_patch_size = 1
+        template.patch_size = 1
 
 
 def test_packed_row_of_padded_documents_is_patch_aligned(template):
     from swift_plt.patch_level.layout import check_patch_aligned
-    template.plt_patch_size = 4
+    template.patch_size = 4
     try:
         packed = template.packing_row([template.encode(r, return_length=True) for r in ROWS])
     finally:
-        template.plt_patch_size = 1
+        template.patch_size = 1
     check_patch_aligned(torch.tensor([packed['position_ids']]), 4)
     unpadded = template.packing_row([template.encode(r, return_length=True) for r in ROWS])
     with pytest.raises(ValueError):

@@ -13,11 +13,18 @@ are bit-for-bit upstream.
 The transformers RoPE touch (``swift_plt.compat.transformers_rope``) is not an import-time patch: a context
 manager around every HF model build of the plugin, guarded the same way each time it runs.
 """
-from swift_plt.plugin.patches import (swift_arguments_base_args, swift_megatron_arguments,
-                                      swift_megatron_pipelines_train_sft, swift_megatron_trainers_base,
-                                      swift_megatron_trainers_utils, swift_megatron_utils,
-                                      swift_megatron_utils_megatron_lm_utils, swift_pipelines_train_sft, swift_template,
-                                      transformers_trainer)
+from swift_plt.plugin.patches import (
+                                      swift_arguments_base_args,
+                                      swift_megatron_arguments,
+                                      swift_megatron_pipelines_train_sft,
+                                      swift_megatron_trainers_base,
+                                      swift_megatron_trainers_utils,
+                                      swift_megatron_utils,
+                                      swift_megatron_utils_megatron_lm_utils,
+                                      swift_pipelines_train_sft,
+                                      swift_template,
+                                      transformers_trainer,
+)
 
 PATCHES = [
     swift_megatron_arguments,  # --patch_size, --value_clip_range on MegatronArguments (+ validation before step 1)

@@ -23,8 +23,8 @@ def apply(module):
         return
     guard(upstream, '__post_init__', ['self'], VERIFIED)
     guard(upstream, '_init_distributed', ['self'], VERIFIED)
-    from swift_plt.plugin.arguments import PATCH_SIZE_HELP, resolve_patch_size
     from swift_plt.critic.arguments import VALUE_CLIP_RANGE_HELP, resolve_critic_args
+    from swift_plt.plugin.arguments import PATCH_SIZE_HELP, resolve_patch_size
 
     @dataclass
     class MegatronArguments(upstream):

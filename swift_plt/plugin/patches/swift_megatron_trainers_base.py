@@ -13,6 +13,7 @@ accepts such steps).
 import functools
 
 from swift_plt.compat.guard import check_once, guard
+from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.trainers.base'
 VERIFIED = 'ms-swift 4.6.0'
@@ -39,7 +40,7 @@ def apply(module):
     @functools.wraps(upstream)
     def train_step(self, train_data_iterator):
         result = upstream(self, train_data_iterator)
-        k = getattr(self.args, 'patch_size', None) or 1
+        k = patch_size_of(self.args)
         if k > 1:
             import torch
             import torch.distributed as dist

@@ -15,6 +15,7 @@ so the split cuts at patch boundaries. Without CP nothing changes (no roll).
 import functools
 
 from swift_plt.compat.guard import check_once, guard
+from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.trainers.utils'
 VERIFIED = 'ms-swift 4.6.0'
@@ -37,12 +38,13 @@ def apply(module):
     if getattr(upstream, '_swift_plt', False):
         return
     # the CP helpers are looked up at call time (the tests' mutations swap them)
-    from swift_plt.patch_level import layout as patch_layout, loss as patch_loss
+    from swift_plt.patch_level import layout as patch_layout
+    from swift_plt.patch_level import loss as patch_loss
     from swift_plt.patch_level.layout import check_patch_aligned, mask_first_patch
 
     @functools.wraps(upstream)
     def get_batch_on_this_pp_rank(args, data, vp_stage=None):
-        k = getattr(args, 'patch_size', None) or 1
+        k = patch_size_of(args)
         if k == 1:
             return upstream(args, data, vp_stage=vp_stage)
         position_ids = data['position_ids']

@@ -4,6 +4,7 @@ parallel, 2*CP, fp8 blocks, fused attention)."""
 import functools
 
 from swift_plt.compat.guard import check_once, guard
+from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.utils.utils'
 VERIFIED = 'ms-swift 4.6.0'
@@ -19,7 +20,7 @@ def apply(module):
     @functools.wraps(upstream)
     def get_padding_to(args):
         padding_to = upstream(args)
-        k = getattr(args, 'patch_size', None) or 1
+        k = patch_size_of(args)
         return padding_to if k == 1 else patch_padding_to(padding_to, k)
 
     get_padding_to._swift_plt = True

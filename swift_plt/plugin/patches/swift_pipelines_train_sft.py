@@ -10,13 +10,10 @@
   run's template at K=1 and at K, printed before step 1, kept as OUTPUT_DIR/plt_data_report.json; a train set in
   which no document carries a loss is refused, a low effective fraction warned about. K=1: upstream, untouched.
 """
-import copy
 import functools
-import itertools
-import os
-import time
 
 from swift_plt.compat.guard import check_once, guard
+from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.pipelines.train.sft'
 VERIFIED = 'ms-swift 4.6.0'
@@ -34,7 +31,7 @@ def apply(module):
     @functools.wraps(upstream)
     def _prepare_template(self):
         upstream(self)
-        self.template.plt_patch_size = getattr(self.args, 'patch_size', None) or 1
+        self.template.patch_size = patch_size_of(self.args)
         if is_critic(self.args) and hasattr(self.args, 'value_clip_range'):  # Megatron-side runs only
             self.template.critic_clipped = getattr(self.args, 'value_clip_range', None) is not None
 
@@ -48,92 +45,11 @@ def apply_data_report(cls, upstream):
 
     @functools.wraps(upstream)
     def _post_process_datasets(self, datasets):
-        k = getattr(self.template, 'plt_patch_size', 1)
+        k = patch_size_of(self.template)
         if k > 1:
+            from swift_plt.data.template_report import plt_data_report
             plt_data_report(self.args, self.template, datasets, k)
         return upstream(self, datasets)
 
     _post_process_datasets._swift_plt = True
     cls._post_process_datasets = _post_process_datasets
-
-
-def _encode_pairs(template, rows, k):
-    """(K=1 encoding, K encoding) of each row, or None where the encoder drops it (as the training loader does)."""
-    for row in rows:
-        try:
-            template.plt_patch_size = 1
-            k1 = template.encode(copy.deepcopy(row))
-            template.plt_patch_size = k
-            enc = template.encode(copy.deepcopy(row))
-        except Exception:
-            yield None
-            continue
-        finally:
-            template.plt_patch_size = k
-        if isinstance(k1, list):  # --truncation_strategy split is pre-encoded; kept for safety
-            yield from zip(k1, enc)
-        else:
-            yield k1, enc
-
-
-def _sample_rows(dataset, n):
-    """n rows evenly spaced over the data set (all if n is None or it has no more; a streaming one: its first n),
-    whether the data set is sampled, its size if known."""
-    try:
-        total = len(dataset)
-    except TypeError:  # streaming
-        total = None
-    if total is not None:
-        count = total if n is None else min(n, total)
-        return (dataset[i * total // count] for i in range(count)), count < total, total
-    rows = iter(dataset)
-    return (rows if n is None else itertools.islice(rows, n)), n is not None, None
-
-
-def plt_data_report(args, template, datasets, k):
-    from swift.utils import get_logger, is_master
-
-    from swift_plt.data.report import (REPORT_FILE, build_report, check_report, max_docs_from_env,
-                                       min_fraction_from_env, write_reports)
-    logger = get_logger()
-    min_fraction = min_fraction_from_env()
-    n = max_docs_from_env()
-    reports = []
-    start = time.perf_counter()
-    for split, dataset in zip(('train', 'val'), datasets):
-        if dataset is None or (split == 'val' and getattr(args, 'predict_with_generate', False)):
-            continue
-        rows, sampled, total = _sample_rows(dataset, n)
-        rows = iter(rows)
-        first = next(rows, None)
-        if first is None:
-            continue
-        if 'input_ids' in first:  # pre-encoded (cached dataset, --truncation_strategy split): no K=1 encoding
-            if is_master():
-                logger.info(f'PLT data report ({split}): skipped, the data set is already encoded.')
-            continue
-        mode = template.mode
-        template.set_mode('train')
-        try:
-            reports.append(build_report(split, k, _encode_pairs(template, itertools.chain([first], rows), k),
-                                        sampled=sampled, total_documents=total))
-        finally:
-            template.set_mode(mode)
-    if not reports:
-        return reports
-    output_dir = getattr(args, 'output_dir', None) or getattr(args, 'save', None)
-    if is_master():
-        for r in reports:
-            logger.info(r.summary())
-        if output_dir:
-            path = os.path.join(output_dir, REPORT_FILE)
-            write_reports(path, reports)
-            logger.info(f'PLT data report written to {path} ({sum(r.documents + r.skipped for r in reports):,} '
-                        f'documents encoded at K=1 and K={k} in {time.perf_counter() - start:.1f} s; '
-                        'SWIFT_PLT_REPORT_DOCS bounds the count)')
-    for r in reports:
-        warnings = check_report(r, min_fraction)  # raises (every rank) when no train document carries a loss
-        if is_master():
-            for w in warnings:
-                logger.warning(w)
-    return reports

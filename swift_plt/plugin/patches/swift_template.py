@@ -1,7 +1,7 @@
 """ms-swift ``swift.template.base.Template``: ``_encode_truncated``, ``_data_collator``, ``_handle_megatron_cp`` and
 ``_get_megatron_cp_length``.
 
-PLT (``template.plt_patch_size`` K > 1): pad every encoded document (input_ids with the pad token, labels -100,
+PLT (``template.patch_size`` K > 1): pad every encoded document (input_ids with the pad token, labels -100,
 loss_scale 0) to a multiple of K, so that no patch straddles two documents in padding-free/packed batches and
 padded batches hold whole patches; and set the labels of its first patch, which nothing predicts, to -100, so that
 every count of `labels != -100` (ms-swift's per-token normalisation on both backends, the HF trainer's
@@ -30,39 +30,16 @@ validates them while the dataset is encoded, before step 1), and the collator la
 import functools
 
 from swift_plt.compat.guard import check_once, guard
+from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.template.base'
 VERIFIED = 'ms-swift 4.6.0'
 
 
-def pad_encoded(encoded: dict, patch_size: int, pad_token_id: int) -> dict:
-    from swift_plt.patch_level import IGNORE_INDEX
-    if encoded.get('labels') is not None:  # the first patch (the model masks it too: swift_plt.patch_level.layout.mask_first_patch)
-        encoded['labels'] = [IGNORE_INDEX] * min(patch_size, len(encoded['labels'])) + list(
-            encoded['labels'][patch_size:])
-    return pad_encoded_to(encoded, patch_size, pad_token_id)
-
-
-def pad_encoded_to(encoded: dict, multiple: int, pad_token_id: int) -> dict:
-    """Pad an encoded document (input_ids with the pad token, labels -100, loss_scale 0, length) to a multiple of
-    ``multiple`` tokens, as upstream's ``Template._handle_megatron_cp`` does for 2*CP."""
-    from swift_plt.patch_level import IGNORE_INDEX
-    from swift_plt.patch_level.layout import pad_to_multiple
-    n = pad_to_multiple(len(encoded['input_ids']), multiple)
-    if n:
-        encoded['input_ids'] = list(encoded['input_ids']) + [pad_token_id] * n
-        for key, value in (('labels', IGNORE_INDEX), ('loss_scale', 0)):
-            if encoded.get(key) is not None:
-                encoded[key] = list(encoded[key]) + [value] * n
-        if encoded.get('length') is not None:
-            encoded['length'] += n
-    return encoded
-
-
 def _plt_cp(template) -> int:
     """2*CP*K when the template collates PLT batches for Megatron context parallel, else 0."""
     from swift_plt.patch_level.layout import cp_multiple
-    k = getattr(template, 'plt_patch_size', 1)
+    k = patch_size_of(template)
     cp = getattr(template, 'sequence_parallel_size', 1) or 1
     if k > 1 and cp > 1 and getattr(template, 'use_megatron', False):
         return cp_multiple(k, cp)
@@ -79,6 +56,7 @@ def apply(module):
     if getattr(upstream, '_swift_plt', False):
         return
     from swift_plt.critic.data import TARGET_KEYS, TOKEN_KEYS, collate_token_lists, encode_targets
+    from swift_plt.data.padding import pad_encoded, pad_encoded_to
 
     @functools.wraps(upstream)
     def _encode_truncated(self, inputs):
@@ -89,7 +67,7 @@ def apply(module):
             row = {k: inputs.extra_kwargs.pop(k, None) for k in TARGET_KEYS}
             for e in encoded if isinstance(encoded, list) else [encoded]:
                 encode_targets(e, row, clipped)
-        k = getattr(self, 'plt_patch_size', 1)
+        k = patch_size_of(self)
         if k > 1:
             pad_id = self.tokenizer.pad_token_id
             if pad_id is None:
