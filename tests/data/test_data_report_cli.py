@@ -1,4 +1,4 @@
-"""The PLT data report through the stock CLIs on CPU (issue 14): a data set of short documents is refused before
+"""The PLT data report through the stock CLIs on CPU: a data set of short documents is refused before
 step 1 with the message (megatron pt and swift pt); a mixed data set prints a report whose numbers equal a
 brute-force count over the rows encoded by ms-swift's template, kept as JSON in the output dir, with the
 low-fraction warning; K=1 prints nothing new (bit-identity with upstream: tests/plugin/test_cli_cpu.py)."""

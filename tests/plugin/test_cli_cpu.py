@@ -113,7 +113,7 @@ def test_swift_export_round_trip_hf_mcore_hf_is_bit_exact(tmp_path, tied):
     # NOT required to agree everywhere: this random model's logits are nearly flat (top-1/top-2 margin: median 0.17,
     # some near 0), so the rounding differences of the two paths (max |diff| ~2e-3 seen) flip a few near-ties, and
     # which ones depends on the CPU's kernels and library versions (tied: 2 of 323 flipped under
-    # ATEN_CPU_CAPABILITY=default and avx512 on this AMD EPYC, as in issue 8; untied: 0 flipped).
+    # ATEN_CPU_CAPABILITY=default and avx512 on an AMD EPYC; untied: 0 flipped).
     # Required: agreement >= 95%. A real conversion error fails it: a RoPE permutation error in one layer of this
     # model gives 88% agreement (and mean_diff 0.023, which ms-swift's 0.1 lets pass), swapped layers 31%.
     mean_diff, agreement = convert_precision(proc.stdout)
