@@ -1,8 +1,7 @@
 """swift-plt: patch-level training (PLT) for Megatron-SWIFT (ms-swift 4.x).
 
-Importing this package is cheap (no torch): the startup hook ``swift_plt_startup.pth`` imports
-``swift_plt.plugin.import_hook`` at interpreter start, which only registers import hooks; the upstream patches in
-``swift_plt.plugin.patches`` (the repo's ``swift_plt/plugin/patches/`` folder) are applied when ms-swift's modules are first imported.
+Importing it is cheap (no torch): ``swift_plt_startup.pth`` registers import hooks (``swift_plt.plugin.import_hook``)
+that patch ms-swift's modules when they are first imported.
 """
 __version__ = '0.1.0'
 

@@ -1,12 +1,6 @@
-"""transformers ``transformers.modeling_rope_utils``: the process-global ``ROPE_INIT_FUNCTIONS`` table, whose
-``'default'`` entry is transformers' own for the duration of ``own_default_rope()``, the context manager behind
-``swift_plt.compat.transformers.hf_rope_guard`` (why: the RoPE hazard of mcore-bridge, explained there).
-
-Not an import-time patch (so not in ``PATCHES``): importing transformers changes nothing; the table is touched only
-inside the context manager, and its previous entry is put back on exit (also on an exception). What it touches is
-checked first, every time (``guard``): the table itself (a dict) and, on 4.x, transformers' own
-``_compute_default_rope_parameters``. If upstream moved either, the model load fails with the guard's message (the
-verified versions, what to do) instead of an AttributeError or ImportError.
+"""transformers ``modeling_rope_utils.ROPE_INIT_FUNCTIONS``: ``own_default_rope()`` gives the table transformers' own
+``'default'`` entry inside the block and restores it on exit, behind ``hf_rope_guard`` (docs/hf-backend.md).
+Not an import-time patch; the table (and, on 4.x, ``_compute_default_rope_parameters``) is guarded on every use.
 """
 import contextlib
 import importlib
@@ -31,8 +25,8 @@ def rope_init_functions(module=None) -> dict:
 
 
 def own_default_rope_fn(transformers_5: bool, module=None):
-    """transformers' own ``ROPE_INIT_FUNCTIONS['default']``: ``None`` on 5.x (there is none; each model computes its
-    default RoPE itself), ``_compute_default_rope_parameters`` on 4.x, checked."""
+    """transformers' own ``ROPE_INIT_FUNCTIONS['default']``, checked: ``None`` on 5.x (each model computes its default
+    RoPE itself), ``_compute_default_rope_parameters`` on 4.x."""
     if transformers_5:
         return None
     module = module or importlib.import_module(TARGET)
@@ -41,8 +35,8 @@ def own_default_rope_fn(transformers_5: bool, module=None):
 
 @contextlib.contextmanager
 def own_default_rope(transformers_5: bool):
-    """``ROPE_INIT_FUNCTIONS['default']`` is transformers' own inside the block (lifted on 5.x, transformers'
-    function on 4.x) and the previous entry (or none) afterwards."""
+    """``ROPE_INIT_FUNCTIONS['default']`` is transformers' own inside the block (none on 5.x) and the previous entry
+    (or none) afterwards, also on an exception."""
     module = importlib.import_module(TARGET)
     table = rope_init_functions(module)
     own = own_default_rope_fn(transformers_5, module)

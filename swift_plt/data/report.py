@@ -1,24 +1,5 @@
-"""PLT data report: how much of a data set the patch stage actually trains on (pure: no torch, no ms-swift).
-
-At patch size K > 1 the first patch of every document has no predictor (its labels are -100) and every document is
-padded to a multiple of K (and to whatever else pads it at encode time, e.g. a context-parallel rule). So a
-document of n tokens carries about n - K loss tokens instead of n - 1 at K=1, and a document of at most K tokens
-carries none. The report compares, per data set (train / val), the SAME documents encoded twice by the run's own
-template: at K=1 (exactly upstream's encoding) and at the run's K (every padding and label masking applied):
-
-  documents                 documents counted (encoded without error; `skipped`: dropped by the encoder, e.g. too
-                            long under --truncation_strategy delete, as the training loader drops them)
-  tokens                    tokens as encoded at K=1 (upstream)
-  pad_tokens                tokens the K-level encoding adds (encoded length at K minus at K=1): whatever pads
-  loss_tokens_k1            labels that carry a loss at K=1: labels[1:] != -100 (position 0 has no predictor)
-  loss_tokens               labels that carry a loss at K: labels != -100 of the K-level encoding
-  documents_without_loss    documents with loss_tokens == 0 (at K=1: documents_without_loss_k1)
-  effective_fraction        loss_tokens / loss_tokens_k1
-
-A data set of more than N documents (SWIFT_PLT_REPORT_DOCS, default 1,000) is reported over N of them, evenly spaced
-over it (a streaming one: its first N), and the report says so (`sampled`). The report encodes every counted
-document twice in the launching process before step 1, so N bounds its start-up cost: 6,801 documents of ~2,044
-tokens (Llama template, real text) took 110 s on an H100 host's CPU, about 16 s per 1,000 such documents.
+"""PLT data report: how much of a data set the patch stage trains on, from the same documents encoded at K=1 and at K.
+Pure counts and verdicts (no torch, no ms-swift); the fields and the start-up cost are in docs/data-report.md.
 """
 import json
 import os
@@ -31,7 +12,7 @@ REPORT_FILE = 'plt_data_report.json'
 MIN_FRACTION_ENV = 'SWIFT_PLT_MIN_LOSS_FRACTION'  # warn below this share of K=1's loss tokens
 MAX_DOCS_ENV = 'SWIFT_PLT_REPORT_DOCS'  # documents counted per data set (0: all, also for streaming)
 DEFAULT_MIN_FRACTION = 0.8
-DEFAULT_MAX_DOCS = 1_000  # per data set, streaming or not: a few seconds to ~16 s of start-up (see above)
+DEFAULT_MAX_DOCS = 1_000  # per data set, streaming or not: a few seconds to ~16 s of start-up
 
 
 @dataclass
@@ -60,8 +41,8 @@ def document_counts(k1_encoded: dict, encoded: dict) -> DocCounts:
 
 
 def expected_counts(labels: Sequence[int], patch_size: int) -> DocCounts:
-    """What the PLT encoding (pad to a multiple of K, first patch masked) gives for a document whose K=1 labels are
-    ``labels``: the formula that ``document_counts`` must measure when nothing else pads."""
+    """Counts of the PLT encoding (pad to a multiple of K, first patch masked) of a document with K=1 ``labels``:
+    what ``document_counts`` must measure when nothing else pads."""
     n = len(labels)
     return DocCounts(tokens=n, pad_tokens=-n % patch_size, loss_tokens_k1=count_loss(labels, 1),
                      loss_tokens=count_loss(labels, patch_size))
@@ -167,9 +148,8 @@ def advice(patch_size: int) -> str:
 
 
 def check_report(report: DataReport, min_fraction: float) -> List[str]:
-    """Raise NoLossDataError when no counted train document can carry a loss (the whole data set, or an even sample
-    of it, was counted); return the warnings (a share of K=1's loss tokens below ``min_fraction``; a streaming
-    train set or a val set with no loss token)."""
+    """Raise NoLossDataError when no counted train document (all, or an even sample) carries a loss; return the
+    warnings (loss tokens below ``min_fraction`` of K=1's; a streaming train set or a val set with no loss token)."""
     k = report.patch_size
     warnings = []
     if report.documents and report.loss_tokens == 0:
@@ -252,10 +232,8 @@ def check_step_loss_tokens(count: int, patch_size: int, step: Optional[int] = No
 
 # ------------------------------------------------------------------------------------------- two-stage estimate
 def estimate_loss_tokens(report: dict, patch_size: int, sequences: int, seq_length: int, packing: bool) -> int:
-    """Loss tokens a stage will see, from a data report (``to_dict``): ``sequences`` rows of ``seq_length``.
-    Without packing a row is one document: sequences x mean loss tokens per document. With packing rows are
-    filled with documents: sequences x seq_length x loss tokens per encoded token (an upper bound: rows are not
-    filled completely). ``patch_size`` 1 uses the report's K=1 counts."""
+    """Loss tokens of ``sequences`` rows of ``seq_length`` from a report (``to_dict``; K=1 counts at ``patch_size``
+    1): sequences x loss tokens per document, or with packing an upper bound, slots x loss tokens per encoded token."""
     loss = report['loss_tokens'] if patch_size > 1 else report['loss_tokens_k1']
     if packing:
         encoded = report['tokens'] + (report['pad_tokens'] if patch_size > 1 else 0)

@@ -1,17 +1,7 @@
-"""The HF side of ``llama3_2_plt``: ``PLTLlamaForCausalLM``, a subclass of transformers' ``LlamaForCausalLM``.
-
-``config.patch_size`` K (default 1) is the only addition. K == 1: every method is ``LlamaForCausalLM``'s, called
-as is. K > 1 (training only), the delta of PatchTrain's ``modeling_llama.py``, with the math of ``swift_plt.patch_level``
-(the same functions the Megatron model uses):
-  * the K token embeddings of each patch are mean-pooled; positions and the padding mask become patch-level,
-    so RoPE and the causal (or packed, from position_ids) mask run over patches;
-  * ``labels`` are token-aligned and NOT shifted (ms-swift's HF template/collator give them so); patch p predicts
-    the K tokens of patch p+1, the first patch of every document is masked, and the loss is the mean NLL over the
-    valid (patch, k) pairs (or their sum / ``num_items_in_batch`` when the trainer passes it, as Llama does);
-  * ``logits`` are patch-level ``[B, P, V]``;
-  * ``generate()`` refuses: a patch-level model does not generate token by token.
-Checkpoints are saved as a plain Llama (``LlamaForCausalLM``, no ``patch_size``, no custom code): the weights are
-Llama's, and K only changes how they are trained.
+"""The HF side of ``llama3_2_plt``: ``PLTLlamaForCausalLM``, transformers' ``LlamaForCausalLM`` plus ``patch_size`` K.
+K=1: Llama's methods as is. K > 1 (training only): pooled patches and the PLT loss on unshifted, token-aligned
+labels, with the Megatron model's functions (``swift_plt.patch_level``); ``generate()`` refuses. Saved as a plain
+Llama (docs/hf-backend.md).
 """
 from typing import Optional
 
@@ -90,8 +80,8 @@ class PLTLlamaForCausalLM(LlamaForCausalLM):
         return super().generate(*args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
-        """Save as a plain Llama: architectures ``LlamaForCausalLM``, no ``patch_size`` in config.json (loading the
-        checkpoint anywhere gives token-level Llama; K is a training setting, pass ``--patch_size`` again)."""
+        """Save as a plain Llama (architectures ``LlamaForCausalLM``, no ``patch_size`` in config.json): K is a
+        training setting, so the checkpoint loads anywhere as a token-level Llama."""
         config = self.config
         k = config.__dict__.pop('patch_size', None)
         try:

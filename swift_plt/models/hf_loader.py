@@ -9,8 +9,8 @@ from swift_plt.patch_level.patch_size import resolve_patch_size
 class PLTLlamaLoader(ModelLoader):
 
     def __init__(self, *args, patch_size=None, **kwargs):
-        # patch_size: from the HF-side arguments (swift_plt/plugin/patches/swift_arguments_base_args.py); None (direct API use):
-        # `patch_size` of the config.json, else 1
+        # patch_size: from the HF-side arguments (plugin/patches/swift_arguments_base_args.py); None (direct API
+        # use): `patch_size` of the config.json, else 1
         super().__init__(*args, **kwargs)
         self.patch_size = patch_size
 
@@ -20,7 +20,6 @@ class PLTLlamaLoader(ModelLoader):
             from swift_plt.models.hf_llama import PLTLlamaForCausalLM
             config.patch_size = k
             self.auto_model_cls = PLTLlamaForCausalLM
-        # safe after mcore-bridge ran in this process (e.g. `swift export --to_hf --test_convert_precision`), on
-        # transformers 4.57.x and 5.x (swift_plt/compat/transformers.py)
+        # safe after mcore-bridge ran in this process (e.g. `swift export --to_hf --test_convert_precision`)
         with hf_rope_guard():
             return super().get_model(model_dir, config, processor, model_kwargs)

@@ -1,21 +1,7 @@
-"""The Megatron side of ``llama3_2_plt``: config, GPTModel and loader for mcore-bridge.
-
-``PLTGPTModel`` subclasses mcore-bridge's GPTModel and changes two things when ``config.patch_size`` K > 1:
-  * ``forward``: token embeddings are mean-pooled into patches before the decoder, and the positions, the padded
-    attention mask and the packed-sequence (THD) boundaries handed to upstream's forward are patch-level;
-    every tensor between pipeline stages is therefore [P, B, H] (virtual pipeline too). Under sequence parallel the
-    embedding output is already scattered along the sequence ([S/TP, B, H] per TP rank); with S a multiple of
-    K * TP (swift_plt.patch_level.layout.patch_padding_to) each rank's slice is whole patches, and pooling it gives exactly that
-    rank's [P/TP, B, H] slice of the patch sequence, which is what upstream's decoder expects under SP (RoPE length,
-    padding mask chunks and the output layer's all-gather are computed by upstream from it);
-  * ``compute_language_model_loss``: the PLT loss (swift_plt.patch_level.loss.plt_token_losses), vocab-parallel under TP,
-    returned token-aligned [B, S] like upstream's, so ms-swift's ``loss_func`` (sum over labels != -100, per-token
-    normalisation across DP) is unchanged.
-Under context parallel (K > 1) the batch arrives split along the sequence, each rank's slice whole patches; the THD
-boundaries then come from the global token-level cu_seqlens (``patch_packed_seq_params_cp``) and the labels were
-rolled by K before the split, so the loss takes each patch's own K label slots (``plt_local_token_losses``).
-With K == 1 both methods are upstream's, called as is. The weights are Llama's, so mcore-bridge's GPTBridge
-converts them unchanged (HF <-> mcore, tied embeddings included).
+"""The Megatron side of ``llama3_2_plt``: config, GPTModel and loader for mcore-bridge. At K > 1 ``PLTGPTModel``
+pools token embeddings into patches, hands upstream's forward patch-level positions, masks and THD boundaries, and
+returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
+docs/parallel-layouts.md). K=1: upstream's methods as is. The weights are Llama's (mcore-bridge's GPTBridge).
 """
 import copy
 from dataclasses import dataclass
@@ -48,7 +34,7 @@ class PLTModelConfig(ModelConfig):
         if self.patch_size is None:
             self.patch_size = resolve_patch_size(None, self.hf_config)
         if self.patch_size > 1:
-            # The CLI already refused these (swift_plt.plugin.arguments); this guards direct API use (RL drivers, scripts).
+            # The CLI already refused these (swift_plt.plugin.arguments); this guards direct API use.
             unsupported = {
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
@@ -63,16 +49,14 @@ class PLTModelConfig(ModelConfig):
 
 
 def patch_max_seqlen(token_max_seqlen: int, patch_size: int) -> int:
-    """Longest patch-level document from the token-level one, on the host (no device sync): every token-level
-    document is a whole number of patches (swift-plt pads each document to a multiple of K), except the trailing
-    one-token padding "documents" of a packed row, which become one-patch documents: ceil(L / K) maps both."""
+    """Longest patch-level document from the token-level one, on the host: ceil(L / K), exact for documents padded
+    to a multiple of K and for the one-token padding "documents" of a packed row (one patch each)."""
     return -(-token_max_seqlen // patch_size)
 
 
 def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor, patch_size: Optional[int] = None):
-    """Token-level THD PackedSeqParams -> patch-level (a copy; the batch's own object stays token-level).
-    With ``patch_size`` and a host-side token ``max_seqlen_q`` (ms-swift makes it a Python int), the patch-level
-    max_seqlen is computed on the host; else from the patch cu_seqlens (a device sync)."""
+    """Token-level THD PackedSeqParams -> patch-level (a copy). max_seqlen from the host int ``max_seqlen_q`` given
+    ``patch_size``, else from the patch cu_seqlens (a device sync)."""
     cu_seqlens = patch_cu_seqlens(patch_pos)
     token_max = packed_seq_params.max_seqlen_q
     if patch_size is not None and isinstance(token_max, int) and token_max > 0:
@@ -89,10 +73,8 @@ def patch_packed_seq_params(packed_seq_params, patch_pos: torch.Tensor, patch_si
 
 
 def patch_packed_seq_params_cp(packed_seq_params, patch_size: int):
-    """Context parallel: token-level THD PackedSeqParams of the whole packed sequence -> patch level (a copy).
-
-    Under CP the local position_ids are a slice, so the boundaries come from the global token-level cu_seqlens
-    (every document a multiple of 2*CP*K tokens, checked before the split) divided by K; the padded variants too."""
+    """CP: token-level THD PackedSeqParams of the whole packed sequence -> patch level (a copy): the global
+    cu_seqlens (and padded variants) divided by K, since the local position_ids are only a slice."""
     params = copy.copy(packed_seq_params)
     params.cu_seqlens_q = cp_patch_cu_seqlens(packed_seq_params.cu_seqlens_q, patch_size)
     params.cu_seqlens_kv = cp_patch_cu_seqlens(packed_seq_params.cu_seqlens_kv, patch_size)
@@ -172,8 +154,8 @@ class PLTGPTModel(GPTModel):
         # The logits come straight from the output layer, whose backward does not keep them: the fused loss (CUDA)
         # writes their gradient into their storage (inplace_grad), the torch path ignores the flag.
         if self.config.context_parallel_size > 1:
-            # labels were rolled by K before the CP split (swift_plt/plugin/patches/swift_megatron_trainers_utils.py): the targets of
-            # each local patch are its own K label slots
+            # labels were rolled by K before the CP split (plugin/patches/swift_megatron_trainers_utils.py): the
+            # targets of each local patch are its own K label slots
             return plt_local_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)
         return plt_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)
 

@@ -10,11 +10,8 @@ from swift_plt.patch_level import IGNORE_INDEX
 
 
 def patch_padding_to(upstream_padding_to: Optional[int], patch_size: int) -> Optional[int]:
-    """Length multiple for a batch at patch size K.
-
-    Upstream's multiple (TP under sequence parallel, 2*CP, fp8 blocks, fused attention) must hold for the *patch*
-    sequence P = S / K, so S must be a multiple of K * upstream. K == 1 returns upstream unchanged.
-    """
+    """Length multiple of a batch at patch size K: K * upstream's, so that the *patch* sequence P = S / K keeps
+    upstream's multiple (TP under SP, 2*CP, fp8, fused attention). K == 1: upstream's unchanged."""
     if patch_size == 1:
         return upstream_padding_to
     return patch_size * (upstream_padding_to or 1)
@@ -26,9 +23,8 @@ def pad_to_multiple(length: int, patch_size: int) -> int:
 
 
 def check_sequence_parallel_length(seq_len: int, patch_size: int, tp_size: int, sequence_parallel: bool) -> None:
-    """Under sequence parallel each TP rank pools its own S/TP consecutive tokens, so S/TP must hold whole patches:
-    S a multiple of K * TP (ms-swift's collator pads to ``get_padding_to``, which ``patch_padding_to`` makes K * TP).
-    Then rank r's pooled slice is exactly patches [r*P/TP, (r+1)*P/TP) of the full sequence."""
+    """Raise unless S is a multiple of K * TP under sequence parallel: each TP rank pools its own S/TP tokens, which
+    must be whole patches (then rank r's pooled slice is patches [r*P/TP, (r+1)*P/TP))."""
     if sequence_parallel and tp_size > 1 and seq_len % (patch_size * tp_size):
         raise ValueError(f'PLT under sequence parallel: sequence length {seq_len} is not a multiple of patch_size * '
                          f'tensor_model_parallel_size = {patch_size} * {tp_size}; each TP rank must hold whole '
@@ -50,39 +46,25 @@ def patch_position_ids(position_ids: torch.Tensor, patch_size: int) -> torch.Ten
 
 
 def _host_array(t: torch.Tensor):
-    """A CPU tensor as a numpy array (shared memory), else the tensor itself.
-
-    Why numpy for the host-side batch checks: they run in the training loop's main process on the CPU batch, every
-    micro-batch. A torch CPU op on more than 32768 elements (a K=4 micro-batch of 8 x 8192 positions has 65536)
-    runs in torch's OpenMP pool, and when that pool is larger than the cores left free (dataloader workers,
-    pin-memory thread, other ranks) every op waits at the pool's barrier: 4-5 ms per op in the H200 profile of
-    2026-11-23, ~140 ms per step. numpy's elementwise ops never use a thread pool.
-    """
+    """A CPU tensor as a numpy array (numpy's elementwise ops use no thread pool, torch's contend with the data
+    loader: docs/performance.md), else the tensor itself."""
     return t.detach().numpy() if t.device.type == 'cpu' else t
 
 
 def patches_aligned(pos, patch_size: int) -> bool:
-    """True iff every patch of ``pos`` ([N, P, K] position ids, numpy array or torch tensor) lies inside one
-    document: its positions are x, x+1, ..., x+K-1 with x a multiple of K (a document, padded to a multiple of K),
-    or all 0 (one-token pad "documents" at the end of a packed batch).
-
-    Computed as: x % K == 0 for every patch, and pos == x + arange(K) * (last != 0) elementwise (last: the patch's
-    last position). Same accept set: a patch of the first kind has last = x+K-1 != 0 (x = 1-K is not a multiple of
-    K for K >= 2; for K = 1 arange(K) is 0), so it is expected as x + arange(K); a pad patch has last = 0 and is
-    expected all x = 0. Conversely, a patch that matches with last != 0 is x + arange(K) with x % K == 0, and one
-    that matches with last == 0 is all x = last = 0. One [N, P, K] compare instead of two compares, an and and
-    three reductions (tests/patch_level/test_plt_math.py checks it against the rule written patch by patch)."""
+    """True iff every patch of ``pos`` ([N, P, K] position ids, numpy or torch) is x, x+1, ..., x+K-1 with x % K == 0
+    (inside one padded document) or all 0 (a one-token pad "document" of a packed batch)."""
     k = patch_size
     ar = torch.arange(k, device=pos.device) if isinstance(pos, torch.Tensor) else np.arange(k)
     first, last = pos[..., 0], pos[..., k - 1]
     starts_ok = (first % k == 0).all()
-    return bool(starts_ok & (pos == first[..., None] + ar * (last != 0)[..., None]).all())  # one host sync on a device
+    # one compare, same accept set as the rule (docs/plugin.md#patch-alignment); one host sync on a device
+    return bool(starts_ok & (pos == first[..., None] + ar * (last != 0)[..., None]).all())
 
 
 def check_patch_aligned(position_ids: torch.Tensor, patch_size: int) -> None:
-    """Raise unless every patch lies inside one document: each patch's positions are p*K, p*K+1, ..., p*K+K-1
-    (a document, padded to a multiple of K) or all 0 (one-token pad "documents" at the end of a packed batch).
-    A CPU batch is checked with numpy (``_host_array``), a device batch with torch (one host sync)."""
+    """Raise unless S is a multiple of K and every patch lies inside one document (``patches_aligned``); a CPU batch
+    is checked with numpy, a device batch with torch (one host sync)."""
     S = position_ids.shape[-1]
     if S % patch_size:
         raise ValueError(f'PLT: sequence length {S} is not a multiple of patch_size {patch_size}; '
@@ -94,11 +76,8 @@ def check_patch_aligned(position_ids: torch.Tensor, patch_size: int) -> None:
 
 
 def patch_attention_mask(attention_mask: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """Token mask [B, 1, S, S] (True = masked; causal + right padding) -> patch mask [B, 1, P, P].
-
-    Patch j is visible to patch i iff token j*K is visible to token i*K: j <= i (causal) and patch j holds at least
-    one real token (its first token). So sub-sampling every K-th row and column is exact.
-    """
+    """Token mask [B, 1, S, S] (True = masked; causal + right padding) -> patch mask [B, 1, P, P]: every K-th row and
+    column, exact since patch j is visible to patch i iff token j*K is visible to token i*K."""
     return attention_mask[..., ::patch_size, ::patch_size]
 
 
@@ -109,8 +88,8 @@ def patch_padding_mask(attention_mask: torch.Tensor, patch_size: int) -> torch.T
 
 
 def patch_cu_seqlens(patch_pos: torch.Tensor) -> torch.Tensor:
-    """Cumulative document lengths (in patches) of a packed [1, P] patch-position row: a document starts where the
-    patch position is 0. Returns int32 [num_docs + 1], like ``PackedSeqParams.cu_seqlens_q``."""
+    """Cumulative document lengths int32 [num_docs + 1] (like ``PackedSeqParams.cu_seqlens_q``) of a packed [1, P]
+    patch-position row, a document starting where the position is 0."""
     pos = patch_pos.reshape(-1)
     starts = torch.nonzero(pos == 0, as_tuple=False).reshape(-1)
     total = torch.tensor([pos.numel()], device=pos.device, dtype=starts.dtype)
@@ -118,8 +97,7 @@ def patch_cu_seqlens(patch_pos: torch.Tensor) -> torch.Tensor:
 
 
 def mask_first_patch(labels: torch.Tensor, position_ids: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """Set to -100 the labels of the first patch of every document (positions < K): nothing predicts them.
-    Returns a new tensor; CPU tensors are masked with numpy (see ``_host_array``)."""
+    """A new label tensor with the first patch of every document (positions < K) set to -100: nothing predicts it."""
     if labels.device.type == 'cpu' and position_ids.device.type == 'cpu':
         return torch.from_numpy(np.where(_host_array(position_ids) < patch_size, IGNORE_INDEX, _host_array(labels)))
     return labels.masked_fill(position_ids < patch_size, IGNORE_INDEX)
@@ -160,14 +138,6 @@ def check_cp_patch_layout(position_ids: torch.Tensor, patch_size: int, cp_size: 
 
 
 def cp_patch_cu_seqlens(cu_seqlens: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """Token-level cumulative lengths of the whole (global) packed sequence -> patch level (CP: the model sees its
-    local slice but the attention takes the global boundaries). Every boundary must be a multiple of K.
-
-    Not re-checked here, on purpose: a check on the device tensor costs a device-to-host sync per call (q, kv and
-    the padded variants, every micro-batch and model chunk, inside forward). It is redundant: ms-swift builds these
-    cu_seqlens (``get_packed_seq_params``) from the batch's position_ids, as the indices where the position is 0
-    plus the total length, after ``get_batch_on_this_pp_rank``, which (patched, K > 1 under CP) has already run
-    ``check_cp_patch_layout`` on those position_ids on the CPU: position 0 at index 0 and every run from one 0 to
-    the next (and the last to the end) a multiple of 2*CP*K tokens, so every boundary is a multiple of 2*CP*K, hence
-    of K. A misaligned batch fails there, before the forward, with what to do."""
+    """CP: token-level cumulative lengths of the whole (global) packed sequence -> patch level; every boundary must
+    be a multiple of K (not re-checked here: docs/parallel-layouts.md#context-parallel)."""
     return torch.div(cu_seqlens, patch_size, rounding_mode='floor').to(torch.int32)

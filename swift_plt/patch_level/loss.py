@@ -21,12 +21,8 @@ def shift_patch_targets(labels: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 
 class _PatchCrossEntropy(torch.autograd.Function):
-    """NLL of K targets per row under one softmax, with the vocab optionally split across a process group.
-
-    megatron's ``vocab_parallel_cross_entropy`` takes one target per row; calling it K times (or on K-fold repeated
-    logits) would keep K fp32 [P, B, V/tp] copies. Here one fp32 copy holds the shifted logits, then exp, then the
-    softmax saved for backward (same memory as megatron's CE); the K target logits are gathered from it.
-    """
+    """NLL of K targets per row under one softmax, vocab optionally split over a process group: one fp32 copy of the
+    logits (as megatron's CE, which called K times would keep K), the K target logits gathered from it."""
 
     @staticmethod
     def forward(ctx, logits, target, vocab_start, group):
@@ -62,8 +58,7 @@ class _PatchCrossEntropy(torch.autograd.Function):
 
 
 def fused_loss_enabled(logits: torch.Tensor) -> bool:
-    """The Triton kernel (swift_plt.patch_level.loss_triton) is used for CUDA logits unless SWIFT_PLT_FUSED_LOSS=0, or Triton is
-    not importable (then the torch reference below runs)."""
+    """Whether the Triton kernel runs: CUDA logits, Triton importable and SWIFT_PLT_FUSED_LOSS not 0."""
     if not logits.is_cuda or os.environ.get('SWIFT_PLT_FUSED_LOSS', '1') == '0':
         return False
     from swift_plt.patch_level.loss_triton import triton_available
@@ -76,11 +71,8 @@ def patch_nll(logits: torch.Tensor,
               group: Optional['dist.ProcessGroup'] = None,
               impl: Optional[str] = None,
               inplace_grad: bool = False) -> torch.Tensor:
-    """NLL [P, B, K] of the targets [P, B, K] of each row of logits [P, B, V_local] under one softmax.
-
-    impl: 'torch' (``_PatchCrossEntropy``, the reference), 'triton' (``swift_plt.patch_level.loss_triton``, the fused kernel) or
-    None: 'triton' on CUDA (``fused_loss_enabled``), else 'torch'. inplace_grad (Triton only): backward writes the
-    gradient into the logits' storage (only when no other autograd node keeps the logits)."""
+    """NLL [P, B, K] of targets [P, B, K] under one softmax per row of logits [P, B, V_local]. impl: 'torch',
+    'triton' or None (``fused_loss_enabled``); inplace_grad (Triton): the gradient overwrites the unshared logits."""
     if impl is None:
         impl = 'triton' if fused_loss_enabled(logits) else 'torch'
     if impl == 'triton':
@@ -98,15 +90,8 @@ def plt_token_losses(logits: torch.Tensor,
                      group: Optional['dist.ProcessGroup'] = None,
                      impl: Optional[str] = None,
                      inplace_grad: bool = False) -> torch.Tensor:
-    """Per-token PLT losses, token-aligned like ``labels``.
-
-    logits: [P, B, V_local] patch outputs (V_local = V / tp; this rank holds ids [vocab_start, vocab_start+V_local)).
-    labels: [B, S] token-aligned (not rolled), S = K * P, -100 ignored.
-    impl, inplace_grad: which kernel (see ``patch_nll``).
-    Returns [B, S] float32: entry t is -log p(labels[t] | patch t//K - 1); 0 where labels[t] == -100 and in the
-    first patch (which must be -100, see ``mask_first_patch``). Sum it over labels != -100 and divide by their count
-    for the loss.
-    """
+    """Per-token PLT losses [B, S] float32 from logits [P, B, V_local] (vocab ids from ``vocab_start``) and labels
+    [B, S = K*P]: entry t is -log p(labels[t] | patch t//K - 1), 0 where -100 and in the first patch (must be -100)."""
     P, B, _ = logits.shape
     if labels.shape != (B, P * patch_size):
         raise ValueError(f'PLT: labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)} '
@@ -118,12 +103,8 @@ def plt_token_losses(logits: torch.Tensor,
 
 
 def roll_patch_labels(labels: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """CP: token-aligned labels [..., S] -> labels rolled by K (slot t holds label t+K), before the CP split.
-
-    Patch p's own K slots then hold the tokens of patch p+1, its targets, so every rank's targets are local after
-    the split (upstream rolls by 1 for token-level training, the same idea). The first patch of every document must
-    already be -100 (``mask_first_patch``): then the last patch of a document receives -100 (nothing predicted
-    across a document boundary), and so does the last patch of the row (the wrap-around)."""
+    """CP: labels [..., S] rolled by K before the split (slot t holds label t+K), so patch p's own slots hold its
+    targets. The first patch of every document must already be -100, which then lands on each document's last patch."""
     return torch.roll(labels, -patch_size, dims=-1)
 
 
@@ -134,10 +115,8 @@ def plt_local_token_losses(logits: torch.Tensor,
                            group: Optional['dist.ProcessGroup'] = None,
                            impl: Optional[str] = None,
                            inplace_grad: bool = False) -> torch.Tensor:
-    """Per-token PLT losses for labels already rolled by K (``roll_patch_labels``, CP): [B, S] float32 aligned with
-    ``rolled_labels``; entry t is -log p(rolled_labels[t] | patch t // K) (no shift: patch p's targets are its own
-    K slots), 0 where the label is -100. Summed over the ranks' slots it equals ``plt_token_losses`` summed over
-    the unrolled labels (the same (patch, target) pairs)."""
+    """``plt_token_losses`` for labels rolled by K (``roll_patch_labels``, CP): [B, S] float32, entry t is
+    -log p(rolled_labels[t] | patch t // K), 0 where -100; summed over ranks, the same (patch, target) pairs."""
     P, B, _ = logits.shape
     if rolled_labels.shape != (B, P * patch_size):
         raise ValueError(f'PLT: labels {tuple(rolled_labels.shape)} do not match logits {tuple(logits.shape)} '

@@ -1,25 +1,6 @@
-"""Fused PLT loss in Triton: the CUDA path of ``swift_plt.patch_level.loss.plt_token_losses``.
-
-Same result as ``swift_plt.patch_level.loss._PatchCrossEntropy`` (the reference and the CPU path), without its fp32 copy of the
-logits:
-
-* forward, phase 1 (kernel ``_plt_fwd_stats``, one program per row): one pass over the bf16 row gives the local max
-  m, the local sum of exp(x - m) (online, lane-wise) and gathers the row's K target logits (those in this rank's
-  vocab slice);
-* between the phases (torch, on [N] and [N, K] only): all-reduce MAX of the max, rescale the local sums to the global
-  max, all-reduce SUM of the target logits (minus the max) and of the sums: the same three all-reduces, in the same
-  order, as the reference. loss = log(sum_exp) - (x_target - max); max and log(sum_exp) are kept for backward;
-* backward (kernel ``_plt_bwd``, one program per (row, vocab block)): grad = softmax * sum_k g_k - sum_k g_k *
-  onehot(target_k), computed from the saved bf16 logits, max and log(sum_exp), written in the logits' dtype, in place into the
-  logits' storage when the caller allows it (``inplace_grad``: the logits are an activation no other autograd node
-  keeps, e.g. the output layer's output), else into a new tensor.
-
-Memory: the forward saves only the bf16 logits (already alive), max and log(sum_exp) [N] and the targets; backward allocates nothing of
-size [N, V] in place, one bf16 [N, V] otherwise. The reference keeps an fp32 [N, V] softmax.
-
-Opt-out: ``SWIFT_PLT_FUSED_LOSS=0`` (``swift_plt.patch_level`` then uses the torch reference on CUDA too). On CPU the torch
-path is used unless the caller asks for ``impl='triton'`` (tests run the kernels in Triton's interpreter,
-``TRITON_INTERPRET=1``). Kernels are built on first use, so the interpreter flag is read then.
+"""Fused PLT loss in Triton, the CUDA path of ``plt_token_losses``: the torch reference's result
+(``_PatchCrossEntropy``) without its fp32 copy of the logits (docs/performance.md). Opt-out:
+``SWIFT_PLT_FUSED_LOSS=0``. Tests run the kernels in Triton's interpreter (``TRITON_INTERPRET=1``).
 """
 import functools
 from typing import Optional
@@ -45,9 +26,12 @@ def triton_available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernels():
+    # built on first use, so that TRITON_INTERPRET is read then
     import triton
     import triton.language as tl
 
+    # forward, one program per row: one pass over the bf16 row gives the local max, the local sum of exp(x - max)
+    # (online, lane-wise) and the row's K target logits in this rank's vocab slice
     @triton.jit
     def _plt_fwd_stats(X, stride_x, T, V, vocab_start, M_OUT, S_OUT, XT_OUT, K: tl.constexpr, KP: tl.constexpr,
                        BLOCK: tl.constexpr):
@@ -74,6 +58,8 @@ def _kernels():
         xt = tl.load(base + local, mask=ok, other=0.0).to(tl.float32)
         tl.store(XT_OUT + row * K + ks, xt, mask=ks < K)
 
+    # backward, one program per (row, vocab block): grad = softmax * sum_k g_k - sum_k g_k * onehot(target_k), from
+    # the saved logits, max and log(sum_exp), in the logits' dtype
     @triton.jit
     def _plt_bwd(X, stride_x, G, stride_g, T, GK, GSUM, MAX, LOGSUM, V, vocab_start, K: tl.constexpr,
                  BLOCK: tl.constexpr):
@@ -100,8 +86,8 @@ def _next_pow2(n: int) -> int:
 
 
 class _PatchCrossEntropyTriton(torch.autograd.Function):
-    """Same contract as ``swift_plt.patch_level.loss._PatchCrossEntropy``: logits [P, B, Vl] (this rank's vocab slice), target
-    [P, B, K] global ids (-100 ignored) -> float32 NLL [P, B, K] (0 where ignored)."""
+    """Same contract as ``loss._PatchCrossEntropy``: logits [P, B, Vl] (this rank's vocab slice), target [P, B, K]
+    global ids (-100 ignored) -> float32 NLL [P, B, K] (0 where ignored)."""
 
     @staticmethod
     def forward(ctx, logits, target, vocab_start, group, inplace_grad, block_fwd, block_bwd):
@@ -120,6 +106,8 @@ class _PatchCrossEntropyTriton(torch.autograd.Function):
         if n:
             fwd[(n,)](x, x.stride(0), t, vl, vocab_start, row_max, sum_exp, x_t, K=K, KP=_next_pow2(K), BLOCK=block,
                       num_warps=8 if block >= 2048 else 4)
+        # the reference's three all-reduces, in its order: MAX of the max, then SUM of the target logits (minus the
+        # max) and of the sums rescaled to the global max
         ignored = t == IGNORE_INDEX
         local = t - vocab_start
         in_shard = ~ignored & (local >= 0) & (local < vl)
@@ -153,8 +141,8 @@ class _PatchCrossEntropyTriton(torch.autograd.Function):
         out = x if (ctx.inplace_grad or not ctx.same_storage) else torch.empty_like(x)
         block = min(ctx.block_bwd or BLOCK_BWD, _next_pow2(vl))
         if n:
-            bwd[(n, triton.cdiv(vl, block))](x, x.stride(0), out, out.stride(0), t, g, gsum, global_max, log_sum, vl, ctx.vocab_start,
-                                             K=K, BLOCK=block, num_warps=8 if block >= 2048 else 4)
+            bwd[(n, triton.cdiv(vl, block))](x, x.stride(0), out, out.stride(0), t, g, gsum, global_max, log_sum, vl,
+                                             ctx.vocab_start, K=K, BLOCK=block, num_warps=8 if block >= 2048 else 4)
         return out.view(ctx.shape), None, None, None, None, None, None
 
 
@@ -165,6 +153,6 @@ def patch_cross_entropy_triton(logits: torch.Tensor,
                                inplace_grad: bool = False,
                                block_fwd: Optional[int] = None,
                                block_bwd: Optional[int] = None) -> torch.Tensor:
-    """NLL [P, B, K] float32 of K targets per row under one (vocab-parallel) softmax; see the module docstring.
-    ``block_fwd`` / ``block_bwd`` (powers of two) override the vocab block sizes (tests use small ones)."""
+    """NLL [P, B, K] float32 of K targets per row under one (vocab-parallel) softmax. ``block_fwd`` / ``block_bwd``
+    (powers of two) override the vocab block sizes (tests use small ones)."""
     return _PatchCrossEntropyTriton.apply(logits, target, vocab_start, group, inplace_grad, block_fwd, block_bwd)

@@ -1,14 +1,6 @@
 """Activation: apply the upstream patches when (and only when) ms-swift imports the patched modules.
-
-Why a startup hook: ms-swift parses the command line *before* it imports ``--custom_register_path`` files and
-rejects unknown flags, and ``megatron pt`` re-launches itself under torchrun, so ``--patch_size`` must exist in
-ms-swift's argument dataclass in every rank before parsing. The wheel installs ``swift_plt_startup.pth`` into
-site-packages; Python runs it at start-up and it calls ``install()``, which only registers a ``sys.meta_path``
-finder (no torch / ms-swift import). When one of the modules named in ``swift_plt.plugin.patches.PATCHES`` is imported,
-the finder lets it execute and then applies its patch, before anything else can take references to the
-patched names.
-
-Opt out: ``SWIFT_PLT_DISABLE=1`` (nothing is registered; ms-swift runs exactly as without the plugin).
+``swift_plt_startup.pth`` calls ``install()`` at interpreter start (why a startup hook: docs/plugin.md#activation);
+``SWIFT_PLT_DISABLE=1`` registers nothing.
 """
 import importlib.abc
 import os

@@ -1,5 +1,5 @@
-"""Registration of ``llama3_2_plt`` and ``llama3_2_critic`` with ms-swift (HF side) and mcore-bridge (Megatron
-side). Idempotent."""
+"""Registration of ``llama3_2_plt`` and ``llama3_2_critic`` with ms-swift (HF side) and mcore-bridge (Megatron side).
+Idempotent."""
 from swift_plt import PLT_MODEL_TYPE
 from swift_plt.critic import CRITIC_MODEL_TYPE
 

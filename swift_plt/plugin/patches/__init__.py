@@ -1,17 +1,7 @@
-"""Every upstream touch point of swift-plt, one module per patched upstream module.
-
-Each module defines
-  TARGET    the upstream module it patches,
-  VERIFIED  the upstream version its patch was verified against,
-  apply(m)  the patch, applied by ``swift_plt.plugin.import_hook`` right after ``TARGET`` is imported. It checks the
-            upstream names it touches first (``guard``) and raises if upstream moved, instead of patching blindly.
-Every patch is a wrapper around the original that returns the original's result unchanged unless the run is a
-PLT run with patch_size K > 1, or a ``llama3_2_critic`` run (load_mcore_checkpoint into a critic; critic training:
-the --value_clip_range flag, the row targets in the template, the critic trainer); K=1 and every other model type
-are bit-for-bit upstream.
-
-The transformers RoPE touch (``swift_plt.compat.transformers_rope``) is not an import-time patch: a context
-manager around every HF model build of the plugin, guarded the same way each time it runs.
+"""Every upstream touch point of swift-plt, one module per patched upstream module (docs/plugin.md).
+Each module defines ``TARGET`` (the upstream module), ``VERIFIED`` (the version its patch was verified against) and
+``apply(module)``, run by ``swift_plt.plugin.import_hook`` right after ``TARGET`` is imported: it guards the names it
+touches, and its wrappers return upstream's result unchanged unless K > 1 or the model is ``llama3_2_critic``.
 """
 from swift_plt.plugin.patches import (
                                       swift_arguments_base_args,
@@ -28,7 +18,7 @@ from swift_plt.plugin.patches import (
 
 PATCHES = [
     swift_megatron_arguments,  # --patch_size, --value_clip_range on MegatronArguments (+ validation before step 1)
-    swift_arguments_base_args,  # --patch_size on every HF-side command (swift pt/sft/export/...), K handed to the model loader
+    swift_arguments_base_args,  # --patch_size on every HF-side command, K handed to the model loader
     swift_megatron_utils,  # get_padding_to: batch length multiple of K * upstream multiple
     swift_megatron_trainers_utils,  # get_batch_on_this_pp_rank: no label roll at K>1, first patch masked
     swift_pipelines_train_sft,  # SwiftSft._prepare_template: K to the template; _post_process_datasets: PLT data report

@@ -1,13 +1,6 @@
-"""ms-swift ``swift.arguments.base_args.base_args.BaseArguments``: ``--patch_size`` for every HF-side command.
-
-BaseArguments is the common base of the HF-side argument classes (SftArguments/PretrainArguments of `swift pt/sft`,
-ExportArguments, InferArguments, ...) and of MegatronBaseArguments. The patch runs right after the module executes,
-before the modules that subclass it, and swaps in a dataclass subclass with one extra field and three hooks:
-  * ``__post_init__``: on the HF side, resolve and check K (swift_plt.plugin.arguments.resolve_patch_size_hf) before the
-    model loads; Megatron arguments are left to their own patch (resolved in ``_init_distributed``);
-  * ``get_model_processor``: hand K to the loader of ``llama3_2_plt`` (swift_plt.plugin.register.PLTLlamaLoader), which
-    builds ``PLTLlamaForCausalLM`` at that K for training and at K=1 otherwise (export: the weights do not depend
-    on K; ms-swift's precision check compares token-level logits). Other model types: upstream call unchanged.
+"""ms-swift ``BaseArguments`` (base of every HF-side and Megatron argument class): adds ``--patch_size``.
+``__post_init__``: HF-side commands resolve and check K before the model loads (Megatron: its own patch).
+``get_model_processor``: hands K to the ``llama3_2_plt`` loader (K when training, else 1: weights do not depend on K).
 """
 from dataclasses import dataclass, field
 from typing import Optional

@@ -1,11 +1,5 @@
-"""ms-swift ``swift.megatron.arguments.megatron_args.MegatronArguments``: add ``--patch_size`` and
-``--value_clip_range`` (critic training, swift_plt.critic).
-
-The patch runs right after the module executes, before its subclasses (MegatronBaseArguments, the pt/sft/export
-argument classes) are defined in sibling modules, and swaps in a dataclass subclass with one extra field. Its
-``_init_distributed`` (the last step of upstream ``__post_init__``, after the model type is resolved) first resolves
-and validates ``patch_size`` and the critic options (swift_plt.critic.arguments) so that bad input fails before
-torch.distributed starts. Neither changes anything for other model types unless the flag is given.
+"""ms-swift ``MegatronArguments``: adds ``--patch_size`` and ``--value_clip_range`` (critic).
+``_init_distributed`` (the end of upstream ``__post_init__``): resolves and checks both before torch.distributed starts.
 """
 from dataclasses import dataclass, field
 from typing import Optional

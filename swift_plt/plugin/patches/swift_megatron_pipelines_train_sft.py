@@ -1,7 +1,5 @@
-"""ms-swift ``swift.megatron.pipelines.train.sft.MegatronSft.prepare_trainer`` (``megatron sft``; ``megatron pt``
-inherits it): for ``--model_type llama3_2_critic`` return the critic trainer (masked value loss,
-swift_plt.critic.trainer.MegatronCriticTrainer, a subclass of upstream's MegatronTrainer); every other model type
-gets upstream's trainer, unchanged."""
+"""ms-swift ``MegatronSft.prepare_trainer`` (``megatron sft``/``pt``): the critic trainer
+(``swift_plt.critic.trainer.MegatronCriticTrainer``) for ``llama3_2_critic``; upstream's trainer otherwise."""
 import functools
 
 from swift_plt.compat.guard import check_once, guard

@@ -1,14 +1,6 @@
-"""ms-swift ``swift.megatron.trainers.base.BaseMegatronTrainer.train_step``: at K > 1, a step with no loss token fails.
-
-A step whose micro-batches (all of them, on every data-parallel rank) hold no label != -100 trains nothing: at K > 1
-that happens when every document of the step is at most K tokens long (its first patch is never predicted), and
-upstream would log no loss and a zero grad norm and go on. After upstream's step, the token counts that ms-swift's
-``loss_func`` already returns per micro-batch (``metrics['loss'][1]``, last pipeline stage) are summed over the whole
-world (one scalar all-reduce, every rank takes part, so every rank raises together: no hang) and the run stops with
-swift_plt.data.report.check_step_loss_tokens's message, before the step is logged or saved. The counts are summed
-on the device: one all-reduce and one device-to-host copy (``.item()``) per step, whatever the number of
-micro-batches (ms-swift's ``loss_func`` defers its own reductions to log time). K=1: upstream unchanged (ms-swift
-accepts such steps).
+"""ms-swift ``BaseMegatronTrainer.train_step``: at K > 1, after upstream's step, a step with no loss token on any rank
+fails (``check_step_loss_tokens``) before it is logged or saved. Counts come from ms-swift's ``loss_func`` metrics:
+one all-reduce (every rank raises together) and one host copy per step.
 """
 import functools
 
@@ -20,9 +12,8 @@ VERIFIED = 'ms-swift 4.6.0'
 
 
 def local_loss_tokens(metrics, device=None):
-    """Loss tokens of this rank's micro-batches (ms-swift's loss_func metrics: 'loss' = [loss sum, token count]), as
-    a float64 scalar tensor on ``device``, summed there without a device-to-host copy (0 with no micro-batch: a
-    pipeline stage other than the last)."""
+    """Loss tokens of this rank's micro-batches (loss_func metrics 'loss' = [sum, count]) as a float64 scalar on
+    ``device``, no host copy (0 on a pipeline stage other than the last)."""
     import torch
     counts = [torch.as_tensor(m['loss'][1]).to(device=device, dtype=torch.float64).reshape(())
               for m in metrics or [] if isinstance(m, dict) and 'loss' in m]

@@ -1,16 +1,6 @@
-"""ms-swift ``swift.megatron.trainers.utils.get_batch_on_this_pp_rank``: at K > 1, no label roll.
-
-Upstream rolls ``labels``/``loss_scale`` by -1 for causal LMs (position t predicts token t+1). PLT labels stay
-token-aligned (patch p predicts the tokens of patch p+1, see swift_plt.patch_level), and the first patch of every document,
-which nothing predicts, is set to -100 so that ms-swift's token count (labels != -100) counts exactly the tokens
-that carry a loss. Also checked here, on the CPU batch before it moves to the GPU: no patch straddles two documents.
-
-Context parallel (K > 1): upstream's CP split (``get_batch_on_this_cp_rank``, after this function) would separate a
-patch from its targets (the next patch's tokens, possibly in another CP chunk). As upstream rolls the labels by 1
-before the split at token level, the labels (and loss_scale) are rolled here by K (swift_plt.patch_level.loss.roll_patch_labels):
-patch p's own K slots hold its targets, so they are local after the split (the model then uses them unshifted,
-swift_plt.patch_level.loss.plt_local_token_losses). Checked first: every document / padded row is a multiple of 2*CP*K tokens,
-so the split cuts at patch boundaries. Without CP nothing changes (no roll).
+"""ms-swift ``get_batch_on_this_pp_rank``: at K > 1 no label roll by 1 (PLT labels stay token-aligned), the first
+patch of every document -100 and patch alignment checked on the CPU batch; under CP the labels and loss_scale are
+rolled by K instead, so targets stay local after the split (docs/parallel-layouts.md#context-parallel).
 """
 import functools
 

@@ -1,12 +1,6 @@
-"""ms-swift ``swift.megatron.utils.megatron_lm_utils.load_mcore_checkpoint``: a critic (``llama3_2_critic``) loads
-a causal-LM mcore checkpoint with its value head initialised, never silently mis-loaded.
-
-Upstream loads whatever ``output_layer.weight`` the checkpoint has: megatron marks the LM head
-``allow_shape_mismatch`` (vocabulary padding), so a causal LM's ``[V, H]`` head was loaded into the critic's
-``[1, H]`` head without an error (seen on CPU: a non-zero head from an LM checkpoint). For critic models only, this
-wrapper reads the checkpoint's metadata first: a ``[1, H]`` head (a critic checkpoint, e.g. resume) loads as
-upstream, strictly; no head or an LM head (a causal LM) loads everything but the head, which is then initialised
-(zeros) with a warning; any other head shape is an error before loading. Other models: upstream, unchanged.
+"""ms-swift ``load_mcore_checkpoint``: a ``llama3_2_critic`` loads a causal-LM mcore checkpoint without its ``[V, H]``
+LM head (upstream would load it into the ``[1, H]`` value head) and zeros the value head; a critic checkpoint loads
+as upstream; other head shapes fail (docs/critic.md#initialisation). Other models: upstream, unchanged.
 """
 import functools
 import os

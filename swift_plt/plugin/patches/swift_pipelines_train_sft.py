@@ -1,14 +1,5 @@
-"""ms-swift ``swift.pipelines.train.sft.SwiftSft`` (MegatronSft / MegatronPretrain inherit it):
-
-* ``_prepare_template``: hand the effective patch size to the template, which pads each encoded document to a
-  multiple of K (see swift_template), and, for a critic run (swift_plt.critic), whether rows carry old values (None:
-  not a critic, the template does nothing extra). The template travels to dataset workers with its attributes.
-* ``_post_process_datasets`` (both backends; it receives the loaded train/val data sets right before ms-swift wraps
-  them for lazy encoding / packing / streaming): at K > 1, the PLT data report (swift_plt.data.report): the first
-  documents of each data set (all up to SWIFT_PLT_REPORT_DOCS, default 1,000, else that many evenly spaced; streaming:
-  the first 1,000) encoded by the
-  run's template at K=1 and at K, printed before step 1, kept as OUTPUT_DIR/plt_data_report.json; a train set in
-  which no document carries a loss is refused, a low effective fraction warned about. K=1: upstream, untouched.
+"""ms-swift ``SwiftSft`` (both backends). ``_prepare_template``: hands K (and a critic run's options) to the template.
+``_post_process_datasets``: at K > 1, the PLT data report before step 1 (docs/data-report.md).
 """
 import functools
 
@@ -31,7 +22,7 @@ def apply(module):
     @functools.wraps(upstream)
     def _prepare_template(self):
         upstream(self)
-        self.template.patch_size = patch_size_of(self.args)
+        self.template.patch_size = patch_size_of(self.args)  # travels to dataset workers with the template
         if is_critic(self.args) and hasattr(self.args, 'value_clip_range'):  # Megatron-side runs only
             self.template.critic_clipped = getattr(self.args, 'value_clip_range', None) is not None
 

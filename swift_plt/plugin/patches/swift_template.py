@@ -1,32 +1,8 @@
-"""ms-swift ``swift.template.base.Template``: ``_encode_truncated``, ``_data_collator``, ``_handle_megatron_cp`` and
-``_get_megatron_cp_length``.
-
-PLT (``template.patch_size`` K > 1): pad every encoded document (input_ids with the pad token, labels -100,
-loss_scale 0) to a multiple of K, so that no patch straddles two documents in padding-free/packed batches and
-padded batches hold whole patches; and set the labels of its first patch, which nothing predicts, to -100, so that
-every count of `labels != -100` (ms-swift's per-token normalisation on both backends, the HF trainer's
-`num_items_in_batch`) counts exactly the tokens that carry a PLT loss. Runs before packing, so packed lengths include
-the padding. ``--max_length`` is required to be a multiple of K, so padding never exceeds it.
-
-PLT under Megatron context parallel (K > 1, ``sequence_parallel_size`` = CP > 1): upstream pads every document
-(padding-free) or row (padded) to a multiple of 2*CP in the collator (``_handle_megatron_cp``, and
-``_get_megatron_cp_length`` for the same length); here it is 2*CP*K (swift_plt.patch_level.layout.cp_multiple), so the CP split
-cuts at patch boundaries and every document has a multiple of 2*CP patches. Padding-free batches that upstream pads
-at the end (``padding_to``) get position ids restarting every 2*CP tokens; at K > 1 every 2*CP*K tokens instead, so
-those padding documents are whole patches too (the tail is a multiple of 2*CP*K: ``get_padding_to`` is K times
-upstream's, an even multiple of CP). Padding-free batches (``--padding_free``, ``--packing``): that 2*CP*K padding
-of each document is already done in ``_encode_truncated``, so the encoded ``length``, by which ms-swift's
-``PackingDataset`` bins documents into rows of ``packing_length`` tokens, counts it, and the collator's CP padding is
-a no-op (padded at collate time, a packed row of many short documents could grow by up to 2*CP*K - 1 tokens per
-document past ``packing_length``). A row can then only exceed ``packing_length`` where one document does once padded
-(``--max_length`` not a multiple of 2*CP*K), as upstream's 2*CP rule at K=1. Padded batches are left to the collator
-(each row is padded to the batch length anyway; the padding stays outside ``seq_lens``, as upstream).
-
-Critic (``template.critic_clipped`` not None, set for --model_type llama3_2_critic): the row's "returns"/"reward"/
-"old_values" become token-aligned float lists next to ``labels`` (swift_plt.critic.data.encode_targets, which
-validates them while the dataset is encoded, before step 1), and the collator lays them out like ``input_ids``
-(padded or padding-free; under Megatron context parallel each row is padded to the collator's CP row length,
-``Template._get_megatron_cp_length``, before packing, as upstream pads input_ids/labels). Otherwise every method returns upstream's result untouched."""
+"""ms-swift ``Template``. ``_encode_truncated``: at K > 1 every document padded to a multiple of K (padding-free
+under CP: 2*CP*K) with its first patch -100; critic row targets encoded. ``_handle_megatron_cp`` /
+``_get_megatron_cp_length``: CP padding 2*CP*K instead of 2*CP. ``_data_collator``: CP tail positions restart every
+2*CP*K; critic targets collated like input_ids (docs/parallel-layouts.md#context-parallel, docs/critic_training.md).
+"""
 import functools
 
 from swift_plt.compat.guard import check_once, guard
@@ -72,9 +48,9 @@ def apply(module):
             pad_id = self.tokenizer.pad_token_id
             if pad_id is None:
                 pad_id = self.tokenizer.eos_token_id
-            m = _plt_cp(self) if self.padding_free else 0
+            m = _plt_cp(self) if self.padding_free else 0  # padded batches: the collator pads each row
             for e in encoded if isinstance(encoded, list) else [encoded]:
-                pad_encoded(e, k, pad_id)
+                pad_encoded(e, k, pad_id)  # before packing; --max_length is a multiple of K, so never past it
                 if m:  # the collator's CP padding, done here so that `length` (packing's bin size) counts it
                     pad_encoded_to(e, m, pad_id)
         return encoded

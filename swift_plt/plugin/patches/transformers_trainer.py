@@ -1,14 +1,6 @@
-"""transformers ``transformers.trainer.Trainer.get_batch_samples`` (ms-swift's HF backend, `swift pt/sft`): at K > 1,
-a step with no loss token fails.
-
-``get_batch_samples`` collects the micro-batches of one optimizer step (gradient accumulation) before any forward.
-When the model is ``PLTLlamaForCausalLM`` at patch size K > 1, the labels != -100 of those
-batches are counted on the device (no host copy per micro-batch), summed over the data-parallel ranks with the number
-of micro-batches (one all-reduce of 2 numbers; every rank takes part once per step, also a rank that got no
-micro-batch at the end of an uneven epoch, so none waits alone, and every rank raises together), copied to the host
-once per step, and a step that has micro-batches but no loss token fails with
-swift_plt.data.report.check_step_loss_tokens's message, before its forward. Any other model, or K=1: upstream's
-result, untouched.
+"""transformers ``Trainer.get_batch_samples`` (ms-swift's HF backend): for ``PLTLlamaForCausalLM`` at K > 1, a step
+with micro-batches but no loss token fails before its forward (``check_step_loss_tokens``; one all-reduce and one
+host copy per step). Other models, K=1: upstream's result.
 """
 import functools
 
@@ -35,8 +27,7 @@ def model_patch_size(model) -> int:
 
 
 def local_loss_tokens(batch_samples, device=None):
-    """Labels != -100 of this rank's micro-batches, as a float64 scalar tensor on ``device`` (summed on the labels'
-    device, no device-to-host copy)."""
+    """Labels != -100 of this rank's micro-batches as a float64 scalar on ``device``, no host copy."""
     import torch
     counts = [(b['labels'] != -100).sum().to(device=device, dtype=torch.float64)
               for b in batch_samples if isinstance(b, dict) and b.get('labels') is not None]
@@ -63,6 +54,7 @@ def apply(module):
             count[0] = local_loss_tokens(batch_samples, device)
             count[1] = len(batch_samples)
             if dist.is_initialized() and dist.get_world_size() > 1:
+                # every rank, also one with no micro-batch at the end of an uneven epoch: none waits alone
                 dist.all_reduce(count)
             tokens, batches = count.tolist()  # the step's one host sync
             if batches:
