@@ -127,11 +127,11 @@ def test_auto_dispatch_uses_triton_on_cuda(monkeypatch):
     calls = []
     real = loss_triton.patch_cross_entropy_triton
     monkeypatch.setattr(loss_triton, 'patch_cross_entropy_triton', lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(plt, 'fused_loss_enabled', lambda logits: True)
+    monkeypatch.setattr(patch_loss, 'fused_loss_enabled', lambda logits: True)
     logits, labels = make_case(1, P=3, B=1, V=20, K=2)
     patch_loss.plt_token_losses(logits, labels, 2)
     assert calls == [1]
-    monkeypatch.setattr(plt, 'fused_loss_enabled', lambda logits: False)
+    monkeypatch.setattr(patch_loss, 'fused_loss_enabled', lambda logits: False)
     patch_loss.plt_token_losses(logits, labels, 2)
     assert calls == [1]
 
