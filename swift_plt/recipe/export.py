@@ -1,16 +1,8 @@
-"""Vanilla export: any Megatron checkpoint of a ``llama3_2_plt`` run (patch stage or token stage) -> a plain HF Llama.
+"""Vanilla export: a Megatron checkpoint of a ``llama3_2_plt`` run (either stage) -> a plain HF Llama that plain
+transformers loads. ms-swift's ``megatron export --to_hf`` writes the weights (a PLT model's weights are Llama's at
+any K), then ``make_vanilla`` drops the PLT parts of config.json and ms-swift's args.json.
 
-    python -m swift_plt.recipe.export --checkpoint OUT/stage2_token [--output_dir DIR] [--model HF_DIR] [-- EXPORT_ARGS]
-    swift-plt-export-vanilla ...        (the same, console script)
-
-The weights of a PLT model are Llama's whatever K was (K only changes how the model is *trained*), so the export
-is ms-swift's own ``megatron export --mcore_model CKPT --to_hf`` (mcore-bridge's GPTBridge writes the safetensors),
-run with ``--patch_size 1`` so that the Megatron model of ms-swift's optional ``--test_convert_precision`` check is
-the token-level one, followed by ``make_vanilla``: config.json becomes ``model_type: llama``,
-``architectures: [LlamaForCausalLM]`` with no ``patch_size`` and no ``auto_map``; no ``*.py`` file; ms-swift's
-``args.json`` (which would make ms-swift reload the PLT model type and plugin) is moved to
-``swift_plt_export.json`` as provenance. ``check_vanilla`` loads the result with plain
-``transformers.AutoModelForCausalLM`` (``trust_remote_code=False``).
+    swift-plt-export-vanilla --checkpoint OUT/stage2_token [--output_dir DIR] [--model HF_DIR] [EXPORT_ARGS]
 """
 import argparse
 import glob
@@ -20,9 +12,10 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from swift_plt import PLT_MODEL_TYPE
+from swift_plt.recipe.process import cli_executable, export_launch, failure_cause, run_logged
 
 TRACKER = 'latest_checkpointed_iteration.txt'
 PROVENANCE = 'swift_plt_export.json'
@@ -141,26 +134,6 @@ def check_vanilla(hf_dir: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the export
-def cli_executable(name: str) -> str:
-    """``megatron`` / ``swift`` of this interpreter's environment (a venv need not be on PATH), else PATH's."""
-    exe = os.path.join(os.path.dirname(sys.executable), name)
-    return exe if os.path.exists(exe) else (shutil.which(name) or name)
-
-
-def run_logged(cmd: List[str], log_path: str, env: Optional[dict] = None) -> int:
-    """Run ``cmd``, copying its merged stdout/stderr to our stdout and to ``log_path``; return the exit code."""
-    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    with open(log_path, 'a', encoding='utf-8') as log:
-        log.write(f'$ {subprocess.list2cmdline(cmd)}\n')
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                errors='replace')
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        return proc.wait()
-
-
 def check_export_args(extra: Sequence[str], patch_size: Optional[int] = None) -> None:
     """Refuse a request to export a patch-level (K>1) model: exported models are plain Llamas."""
     ks = [patch_size] if patch_size is not None else []
@@ -178,6 +151,7 @@ def check_export_args(extra: Sequence[str], patch_size: Optional[int] = None) ->
 
 
 def export_command(ckpt_dir: str, output_dir: str, model: str, extra: Sequence[str] = ()) -> List[str]:
+    # --patch_size 1: the Megatron side of ms-swift's optional --test_convert_precision check is the token-level model
     return [
         cli_executable('megatron'), 'export', '--mcore_model', ckpt_dir, '--model', model, '--model_type',
         PLT_MODEL_TYPE, '--custom_register_path', REGISTER_FILE, '--patch_size', '1', '--to_hf', 'true',
@@ -191,12 +165,12 @@ def export_vanilla(checkpoint: str,
                    extra: Sequence[str] = (),
                    patch_size: Optional[int] = None,
                    log_path: Optional[str] = None,
-                   dry_run: bool = False) -> List[str]:
+                   dry_run: bool = False,
+                   extra_env: Optional[Mapping[str, str]] = None) -> List[str]:
     """Export ``checkpoint`` (a checkpoint-N dir or a run's output dir) to ``output_dir`` as a plain HF Llama.
 
-    ``extra``: more `megatron export` flags (e.g. ``--torch_dtype bfloat16``, ``--test_convert_precision true``).
-    Checks everything before running. Writes into ``output_dir + '.tmp'`` and renames it at the end, so
-    ``output_dir`` only ever holds a finished export. Returns the command.
+    ``extra``: more `megatron export` flags; ``extra_env``: added to its environment (default: ``export_launch``'s
+    process count). Writes ``output_dir + '.tmp'`` and renames it at the end, so ``output_dir`` is always finished.
     """
     check_export_args(extra, patch_size)
     ckpt = resolve_checkpoint(checkpoint)
@@ -208,9 +182,12 @@ def export_vanilla(checkpoint: str,
         return cmd
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
-    rc = run_logged(cmd, log_path or os.path.join(os.path.dirname(output_dir), 'logs', 'export.log'))
+    log_path = log_path or os.path.join(os.path.dirname(output_dir), 'logs', 'export.log')
+    offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+    rc = run_logged(cmd, log_path, export_launch(extra).env if extra_env is None else extra_env)
     if rc != 0:
-        raise RuntimeError(f'`megatron export` failed (exit code {rc}); see the log above.')
+        raise RuntimeError(f'`megatron export` failed (exit code {rc}); log: {log_path}; likely cause: '
+                           f'{failure_cause(log_path, offset)}')
     make_vanilla(tmp, {'checkpoint': os.path.abspath(ckpt), 'iteration': checkpoint_iteration(ckpt),
                        'source_model': model, 'command': cmd})
     if os.path.exists(output_dir):
@@ -238,7 +215,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not args.checkpoint:
             parser.error('--checkpoint is required (or --check HF_DIR)')
         out = args.output_dir or os.path.abspath(resolve_checkpoint(args.checkpoint)) + '-vanilla'
-        cmd = export_vanilla(args.checkpoint, out, args.model, extra, args.patch_size, dry_run=args.dry_run)
+        check_export_args(extra, args.patch_size)
+        launch = export_launch(extra)
+        print(f'swift-plt-export-vanilla: {launch.note}', flush=True)
+        cmd = export_vanilla(args.checkpoint, out, args.model, extra, args.patch_size, dry_run=args.dry_run,
+                             extra_env=launch.env)
     except (ValueError, FileNotFoundError, RuntimeError, AssertionError) as e:
         print(f'swift-plt-export-vanilla: error: {e}', file=sys.stderr)
         return 2

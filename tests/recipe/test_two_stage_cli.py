@@ -63,6 +63,7 @@ def test_stage1_trains_at_patch_level_and_resumes_where_it_stopped(run):
     first, resumed = run['procs']['stage1'], run['procs']['stage1_resumed']
     assert first.returncode == 0, first.stdout[-5000:]
     assert 'λ/K + 1 - λ = 0.4000' in first.stdout and '[stage2]' not in first.stdout
+    assert 'swift-plt-two-stage: NPROC_PER_NODE=1 (from the environment)' in first.stdout  # the harness's, kept
     logs = parse_logs(first.stdout)
     assert [d['iteration'] for d in logs] == ['1/3', '2/3', '3/3']
     assert 'padding_to: 4' in first.stdout  # patch-level batches

@@ -10,8 +10,11 @@ from fractions import Fraction
 
 import pytest
 
-from swift_plt.recipe import cli as two_stage, export as vanilla
+from swift_plt.recipe import export as vanilla
+from swift_plt.recipe.cli import main
+from swift_plt.recipe.options import RecipeError, check_micro_batch, parse_options
 from swift_plt.recipe.plan import make_plan, min_tokens, parse_lam, parse_tokens
+from swift_plt.recipe.stages import check_plan_file, plan_steps
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
 
@@ -186,10 +189,10 @@ def base_argv(model_dir, out, *extra, stage1_batch='sequences'):
 
 
 def steps_of(argv):
-    opts = two_stage.parse_options(argv)
+    opts = parse_options(argv)
     plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=opts.max_length,
                      global_batch_size=opts.global_batch_size, stage1_batch=opts.stage1_batch)
-    return {s.name: s for s in two_stage.plan_steps(opts, plan)}
+    return {s.name: s for s in plan_steps(opts, plan)}
 
 
 def flag(cmd, name):
@@ -197,7 +200,7 @@ def flag(cmd, name):
 
 
 def test_dry_run_prints_plan_and_commands(model_dir, tmp_path, capsys):
-    rc = two_stage.main(base_argv(model_dir, tmp_path / 'out', '--stage1_args', '--lr 2e-3', '--dry_run'))
+    rc = main(base_argv(model_dir, tmp_path / 'out', '--stage1_args', '--lr 2e-3', '--dry_run'))
     out = capsys.readouterr().out
     assert rc == 0, out
     assert 'λ/K + 1 - λ = 0.4000' in out  # 0.8 / 4 + 0.2
@@ -238,7 +241,7 @@ def test_default_stage1_batch_keeps_tokens_per_step(model_dir, tmp_path, capsys)
     (['--global_batch_size', '6'], '--global_batch_size 6 is not a multiple of --patch_size 4'),
 ])
 def test_stage_batch_errors_before_anything_runs(model_dir, tmp_path, capsys, extra, message):
-    rc = two_stage.main(base_argv(model_dir, tmp_path / 'out', *extra, stage1_batch=None))
+    rc = main(base_argv(model_dir, tmp_path / 'out', *extra, stage1_batch=None))
     assert rc == 2
     assert re.search(message, capsys.readouterr().err)
     assert not os.path.exists(tmp_path / 'out')
@@ -247,9 +250,9 @@ def test_stage_batch_errors_before_anything_runs(model_dir, tmp_path, capsys, ex
 def test_stage1_micro_batch_from_stage1_args_wins(model_dir, tmp_path):
     argv = base_argv(model_dir, tmp_path / 'out', '--micro_batch_size', '2', '--stage1_args', '--micro_batch_size 1',
                      stage1_batch=None)
-    opts = two_stage.parse_options(argv)
+    opts = parse_options(argv)
     plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=64, global_batch_size=4)
-    two_stage.check_micro_batch(opts, plan)  # no error: stage 1 gets 1, stage 2 gets 2
+    check_micro_batch(opts, plan)  # no error: stage 1 gets 1, stage 2 gets 2
     s1 = steps_of(argv)['stage1'].cmd
     assert s1[len(s1) - 1 - s1[::-1].index('--micro_batch_size') + 1] == '1'  # the last one (it wins)
 
@@ -263,16 +266,16 @@ def test_stage1_micro_batch_from_stage1_args_wins(model_dir, tmp_path):
     (['--tokens', '1000'], 'too small for one training step'),
 ])
 def test_errors_before_anything_runs(model_dir, tmp_path, capsys, extra, message):
-    rc = two_stage.main(base_argv(model_dir, tmp_path / 'out', *extra))
+    rc = main(base_argv(model_dir, tmp_path / 'out', *extra))
     err = capsys.readouterr().err
     assert rc == 2 and message in err, err
     assert not os.path.exists(tmp_path / 'out')
 
 
 def test_missing_arguments_and_model(tmp_path, capsys):
-    assert two_stage.main(['--tokens', '1M']) == 2
+    assert main(['--tokens', '1M']) == 2
     assert 'missing --model, --output_dir, --max_length, --global_batch_size' in capsys.readouterr().err
-    assert two_stage.main(base_argv(str(tmp_path / 'nope'), tmp_path / 'out')) == 2
+    assert main(base_argv(str(tmp_path / 'nope'), tmp_path / 'out')) == 2
     assert 'not a directory' in capsys.readouterr().err
 
 
@@ -317,54 +320,54 @@ def test_resume_state_machine(model_dir, tmp_path):
     assert steps_of(argv)['export'].action.endswith(f"-> {out / 'hf'}")
     # a checkpoint past the plan's train_iters: another plan's run
     fake_checkpoint(s2, 7)
-    with pytest.raises(two_stage.RecipeError, match='past this plan'):
+    with pytest.raises(RecipeError, match='past this plan'):
         steps_of(argv)
 
 
 def test_stage2_without_stage1_checkpoint_is_refused(model_dir, tmp_path, capsys):
     out = tmp_path / 'out'
-    assert two_stage.main(base_argv(model_dir, out, '--stage', '2')) == 2
+    assert main(base_argv(model_dir, out, '--stage', '2')) == 2
     err = capsys.readouterr().err
     assert 'stage 2 starts from the stage-1 checkpoint' in err and 'does not exist or is incomplete' in err
     fake_checkpoint(out / 'stage1_patch', 3, complete=False)  # interrupted save
-    assert two_stage.main(base_argv(model_dir, out, '--stage', '2')) == 2
+    assert main(base_argv(model_dir, out, '--stage', '2')) == 2
     assert 'does not exist or is incomplete' in capsys.readouterr().err
-    assert two_stage.main(base_argv(model_dir, out, '--stage', '2', '--stage1_checkpoint', str(tmp_path))) == 2
+    assert main(base_argv(model_dir, out, '--stage', '2', '--stage1_checkpoint', str(tmp_path))) == 2
     assert f'stage-1 checkpoint {tmp_path}' in capsys.readouterr().err
     ck = fake_checkpoint(tmp_path / 'elsewhere', 9)
     steps = steps_of(base_argv(model_dir, out, '--stage', '2', '--stage1_checkpoint', ck))
     assert flag(steps['stage2'].cmd, '--mcore_model') == ck and 'stage1' not in steps
-    assert two_stage.main(base_argv(model_dir, out, '--stage', 'export')) == 2
+    assert main(base_argv(model_dir, out, '--stage', 'export')) == 2
     assert 'nothing to export: stage 2 is not complete' in capsys.readouterr().err
 
 
 def test_rerun_with_another_plan_is_refused(model_dir, tmp_path, capsys):
     out = tmp_path / 'out'
-    opts = two_stage.parse_options(base_argv(model_dir, out))
+    opts = parse_options(base_argv(model_dir, out))
     plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=64, global_batch_size=4)
-    two_stage.check_plan_file(str(out), plan, write=True)
-    two_stage.check_plan_file(str(out), plan, write=False)  # same plan: fine
-    assert two_stage.main(base_argv(model_dir, out, '--lam', '0.75', '--dry_run')) == 2
+    check_plan_file(str(out), plan, write=True)
+    check_plan_file(str(out), plan, write=False)  # same plan: fine
+    assert main(base_argv(model_dir, out, '--lam', '0.75', '--dry_run')) == 2
     assert 'holds a run with another plan' in capsys.readouterr().err
 
 
 def test_yaml_config_example_and_cli_override(tmp_path, model_dir):
     example = os.path.join(REPO, 'examples', 'two_stage.yaml')
-    opts = two_stage.parse_options(['--config', example, '--model', model_dir, '--lam', '3/4', '--seed', '1'])
+    opts = parse_options(['--config', example, '--model', model_dir, '--lam', '3/4', '--seed', '1'])
     assert opts.model == model_dir and opts.lam == '3/4'  # the command line wins
     assert opts.patch_size == 4 and opts.tokens and opts.max_length and opts.global_batch_size
     assert '--dataset' in opts.args and opts.args[-2:] == ['--seed', '1']  # YAML args, then the command line's
     cfg = tmp_path / 'c.yaml'
     cfg.write_text('model: m\nbogus: 1\n')
-    with pytest.raises(two_stage.RecipeError, match="unknown key 'bogus'"):
-        two_stage.parse_options(['--config', str(cfg)])
+    with pytest.raises(RecipeError, match="unknown key 'bogus'"):
+        parse_options(['--config', str(cfg)])
     cfg.write_text('stage: 3\n')
-    with pytest.raises(two_stage.RecipeError, match="--stage '3': use all, 1, 2 or export"):
-        two_stage.parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
-                                 '--max_length', '8', '--global_batch_size', '1'])
+    with pytest.raises(RecipeError, match="--stage '3': use all, 1, 2 or export"):
+        parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
+                      '--max_length', '8', '--global_batch_size', '1'])
     cfg.write_text('args: {dataset: d.jsonl, bf16: true, lr: 0.001}\nstage1_args: [--lr, "2e-3"]\n')
-    opts = two_stage.parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
-                                    '--max_length', '8', '--global_batch_size', '1'])
+    opts = parse_options(['--config', str(cfg), '--model', 'm', '--output_dir', 'o', '--tokens', '1M',
+                         '--max_length', '8', '--global_batch_size', '1'])
     assert opts.args == ['--dataset', 'd.jsonl', '--bf16', 'true', '--lr', '0.001']
     assert opts.stage1_args == ['--lr', '2e-3']
 

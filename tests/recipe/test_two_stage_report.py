@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from swift_plt.recipe.plan import make_plan
-from swift_plt.recipe.cli import record_wall_time, stage_report, train_loop_seconds, write_report
+from swift_plt.recipe.stage_report import record_wall_time, stage_report, train_loop_seconds, write_report
 
 
 def _write_logs(path, entries):

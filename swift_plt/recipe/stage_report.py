@@ -1,0 +1,212 @@
+"""What the stages saw and did: loss tokens per stage from stage 1's PLT data report, and the end-of-run summary
+(steps, tokens, time, tokens/s) with the loss plot."""
+import json
+import os
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from swift_plt.data.report import REPORT_FILE, estimate_loss_tokens, read_reports
+from swift_plt.recipe.options import Options
+from swift_plt.recipe.plan import TwoStagePlan
+from swift_plt.recipe.process import flag_value
+from swift_plt.recipe.stages import STAGE_DIRS
+
+
+# ---------------------------------------------------------------------------------------------- PLT data report
+def _packing(argv: Sequence[str]) -> bool:
+    """Whether `--packing true` is among the pass-through flags (the last value wins, as in ms-swift)."""
+    return str(flag_value(argv, 'packing')).lower() in ('true', '1', 'yes')
+
+
+def loss_token_lines(report: dict, plan: TwoStagePlan, opts: Options) -> List[str]:
+    """How many loss tokens each stage will see, from stage 1's PLT data report (its train set)."""
+    frac = report.get('effective_fraction')
+    lines = [f'PLT data report of stage 1 ({REPORT_FILE}, {"first " if report.get("sampled") else ""}'
+             f'{report["documents"]:,} documents): at K={plan.patch_size} '
+             f'{report["loss_tokens"]:,} tokens carry a loss vs {report["loss_tokens_k1"]:,} at K=1 '
+             f'({"n/a" if frac is None else f"{frac:.1%}"}), {report["documents_without_loss"]:,} documents none']
+    for i, s, argv in ((1, plan.stage1, opts.stage1_args), (2, plan.stage2, opts.stage2_args)):
+        packing = _packing(list(opts.args) + list(argv))
+        sequences = s.train_iters * s.global_batch_size
+        n = estimate_loss_tokens(report, s.patch_size, sequences, s.seq_length, packing)
+        how = (f'{sequences:,} packed rows x {s.seq_length} x loss tokens per encoded token, at most' if packing else
+               f'{sequences:,} documents x mean loss tokens per document')
+        lines.append(f'  stage {i} ({s.name} level, patch_size={s.patch_size}): ~{n:,} loss tokens '
+                     f'({how}; {s.tokens:,} sequence slots)')
+    lines.append('  (stage 2 is estimated from the same documents encoded at K=1 with the stage-1 max_length)')
+    return lines
+
+
+def publish_data_report(out: str, plan: TwoStagePlan, opts: Options) -> None:
+    """Copy stage 1's PLT data report beside plan.json (once stage 1 has written it) and print the loss tokens
+    each stage will see. Nothing when there is no report (stage 1 not started, or K=1)."""
+    src = os.path.join(out, STAGE_DIRS[1], REPORT_FILE)
+    dst = os.path.join(out, REPORT_FILE)
+    reports = read_reports(src) or read_reports(dst)
+    if not reports or 'train' not in reports:
+        return
+    if os.path.exists(src):
+        with open(dst, 'w', encoding='utf-8') as f:
+            json.dump(reports, f, indent=2)
+    print('\n'.join(loss_token_lines(reports['train'], plan, opts)), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- run report
+def count_lines(path: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    with open(path, encoding='utf-8') as f:
+        return sum(1 for _ in f)
+
+
+def record_wall_time(logs_dir: str, name: str, seconds: float, rc: int, log_line: int = 0,
+                     start_iteration: int = 0) -> None:
+    """Append one invocation of a stage to ``logs/<name>.time.jsonl``: its wall time (start-up included), exit code,
+    the line of the stage's ``logging.jsonl`` where its logs begin and the iteration it started from (resume)."""
+    os.makedirs(logs_dir, exist_ok=True)
+    with open(os.path.join(logs_dir, f'{name}.time.jsonl'), 'a', encoding='utf-8') as f:
+        f.write(json.dumps({'seconds': round(seconds, 3), 'rc': rc, 'log_line': log_line,
+                            'start_iteration': start_iteration}) + '\n')
+
+
+def _train_logs(stage_dir: str) -> List[dict]:
+    """The training log dicts ms-swift wrote to ``<stage dir>/logging.jsonl`` (entries with a loss), each with its
+    line number under ``_line``."""
+    out = []
+    path = os.path.join(stage_dir, 'logging.jsonl')
+    if os.path.exists(path):
+        with open(path, encoding='utf-8') as f:
+            for i, line in enumerate(f):
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(d, dict) and 'loss' in d and 'iteration' in d:
+                    out.append(dict(d, _line=i))
+    return out
+
+
+def _iteration(d: dict) -> int:
+    return int(str(d['iteration']).split('/')[0])
+
+
+def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Optional[Tuple[float, int]]:
+    """(seconds, steps) of the logged training, start-up excluded, from ms-swift's ``train_speed(s/it)``; a resumed
+    stage's log is split at its ``invocations`` (``record_wall_time`` records), each adding speed x steps it ran."""
+    marks = sorted((r.get('log_line', 0), r.get('start_iteration', 0)) for r in invocations) or [(0, 0)]
+    total, steps = 0.0, 0
+    for k, (line, start) in enumerate(marks):
+        end = marks[k + 1][0] if k + 1 < len(marks) else float('inf')
+        seg = [d for d in logs if line <= d.get('_line', 0) < end]
+        if not seg:
+            continue
+        speed = seg[-1].get('train_speed(s/it)')
+        if speed is None:
+            return None
+        total += float(speed) * (_iteration(seg[-1]) - start)
+        steps += _iteration(seg[-1]) - start
+    return total, steps
+
+
+def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
+    """Per stage: steps done, tokens (sequence slots: steps x global batch x length), training-loop seconds,
+    tokens/s (and patches/s at K>1), wall seconds of the recipe's invocations (start-up included), losses."""
+    rows = []
+    for stage, s in ((1, plan.stage1), (2, plan.stage2)):
+        logs = _train_logs(os.path.join(out, STAGE_DIRS[stage]))
+        # the last step is logged only if it is a multiple of --logging_steps: a complete stage ran train_iters
+        done = s.train_iters if os.path.exists(os.path.join(out, STAGE_DIRS[stage], f'checkpoint-{s.train_iters}',
+                                                            'latest_checkpointed_iteration.txt')) else None
+        steps = done or (_iteration(logs[-1]) if logs else 0)
+        tokens = steps * s.global_batch_size * s.seq_length
+        wall, invocations = None, []
+        wall_path = os.path.join(out, 'logs', f'stage{stage}.time.jsonl')
+        if os.path.exists(wall_path):
+            with open(wall_path, encoding='utf-8') as f:
+                invocations = [json.loads(line) for line in f if line.strip()]
+            wall = sum(r['seconds'] for r in invocations)
+        timed = train_loop_seconds(logs, invocations) if logs else None
+        # rate of the logged steps; the time of all steps at that rate (the unlogged tail is < --logging_steps)
+        tps = timed[1] * s.global_batch_size * s.seq_length / timed[0] if timed and timed[0] > 0 else None
+        secs = tokens / tps if tps else None
+        rows.append({
+            'stage': stage, 'kind': s.name, 'patch_size': s.patch_size, 'seq_length': s.seq_length,
+            'global_batch_size': s.global_batch_size,
+            'planned_steps': s.train_iters, 'steps': steps, 'tokens': tokens, 'train_seconds': secs,
+            'wall_seconds': wall, 'tokens_per_s': tps,
+            'patches_per_s': tps / s.patch_size if tps and s.patch_size > 1 else None,
+            'first_loss': logs[0]['loss'] if logs else None, 'last_loss': logs[-1]['loss'] if logs else None,
+            'curve': [(_iteration(d), float(d['loss'])) for d in logs]})
+    return rows
+
+
+def format_report(rows: List[dict], plan: TwoStagePlan) -> str:
+    lines = ['Two-stage PLT summary (tokens = steps x global_batch_size x max_length; time = training loop at the '
+             "logged steps' rate (ms-swift's train_speed), wall = the `megatron pt` invocation(s), start-up included)"]
+    for r in rows:
+        name = f"stage {r['stage']} ({r['kind']} level, K={r['patch_size']}, max_length={r['seq_length']})"
+        if not r['steps']:
+            lines.append(f'  {name}: no training log')
+            continue
+        t = f"{r['train_seconds']:.1f} s" if r['train_seconds'] else 'n/a'
+        w = f"{r['wall_seconds']:.1f} s" if r['wall_seconds'] is not None else 'n/a'
+        speed = f"{r['tokens_per_s']:,.0f} tokens/s" if r['tokens_per_s'] else 'tokens/s n/a'
+        if r['patches_per_s']:
+            speed += f", {r['patches_per_s']:,.0f} patches/s"
+        lines.append(f"  {name}: {r['steps']}/{r['planned_steps']} steps, {r['tokens']:,} tokens, time {t} "
+                     f"(wall {w}), {speed}; loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}")
+    return '\n'.join(lines)
+
+
+def plot_report(rows: List[dict], plan: TwoStagePlan, path: str) -> Optional[str]:
+    """Both stages' loss against tokens and against compute (model positions = tokens / K); stage 1 dashed, since
+    its loss is the patch-level one."""
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    offsets = [0, 0]
+    for i, r in enumerate(rows):
+        g = r['global_batch_size']
+        tok = [it * g * r['seq_length'] + offsets[0] for it, _ in r['curve']]
+        pos = [it * g * r['seq_length'] // r['patch_size'] + offsets[1] for it, _ in r['curve']]
+        loss = [v for _, v in r['curve']]
+        label = f"stage {r['stage']} (K={r['patch_size']}" + (', patch-level loss)' if r['patch_size'] > 1 else ')')
+        for ax, x in zip(axes, (tok, pos)):
+            ax.plot(x, loss, ls='--' if r['patch_size'] > 1 else '-', color='tab:orange' if i == 0 else 'tab:blue',
+                    label=label)
+        offsets = [offsets[0] + r['tokens'], offsets[1] + r['tokens'] // r['patch_size']]
+        if i == 0:
+            for ax, x in zip(axes, offsets):
+                ax.axvline(x, color='gray', ls=':', lw=1)
+    axes[0].set_xlabel('tokens')
+    axes[1].set_xlabel('compute: model positions (tokens / K), proportional to FLOPs')
+    for ax in axes:
+        ax.set_ylabel('training loss')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f'swift-plt two-stage: N={plan.tokens:,}, K={plan.patch_size}, λ={plan.lam}', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: str, plan: TwoStagePlan) -> None:
+    """At the end of a run: OUTPUT_DIR/summary.txt (+ summary.json) and OUTPUT_DIR/loss_curves.png."""
+    try:
+        rows = stage_report(out, plan)
+        text = format_report(rows, plan)
+        with open(os.path.join(out, 'summary.txt'), 'w', encoding='utf-8') as f:
+            f.write(text + '\n')
+        with open(os.path.join(out, 'summary.json'), 'w', encoding='utf-8') as f:
+            json.dump(rows, f, indent=1)
+        print(text, flush=True)
+        png = plot_report(rows, plan, os.path.join(out, 'loss_curves.png'))
+        print(f'[report] {os.path.join(out, "summary.txt")}' + (f', {png}' if png else ' (no matplotlib: no plot)'),
+              flush=True)
+    except Exception as e:  # noqa: BLE001 -- the run itself succeeded; a report problem must not fail it
+        print(f'[report] could not write the summary: {type(e).__name__}: {e}', file=sys.stderr, flush=True)

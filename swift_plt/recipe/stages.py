@@ -1,0 +1,163 @@
+"""The recipe's steps: each stage's state on disk (done, interrupted, not started), its `megatron pt` command and
+environment, and the plan file that keeps a rerun on the same plan."""
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional
+
+from swift_plt import PLT_MODEL_TYPE
+from swift_plt.recipe.export import PROVENANCE, REGISTER_FILE, checkpoint_iteration, list_checkpoints
+from swift_plt.recipe.options import Options, RecipeError, check_data_parallel
+from swift_plt.recipe.plan import TwoStagePlan
+from swift_plt.recipe.process import Launch, cli_executable, gpu_count, pick_launch
+
+STAGE_DIRS = {1: 'stage1_patch', 2: 'stage2_token'}
+EXPORT_DIR = 'hf'
+
+
+@dataclass
+class StageState:
+    stage: int
+    train_iters: int
+    run_dir: str
+    checkpoints: Dict[int, str]
+
+    @property
+    def complete(self) -> bool:
+        return self.train_iters in self.checkpoints
+
+    @property
+    def resume_from(self) -> Optional[str]:
+        """Latest complete checkpoint before the end (an interrupted stage), else None."""
+        earlier = [i for i in self.checkpoints if i < self.train_iters]
+        return self.checkpoints[max(earlier)] if earlier and not self.complete else None
+
+    @property
+    def final_checkpoint(self) -> str:
+        return os.path.join(self.run_dir, f'checkpoint-{self.train_iters}')
+
+
+def stage_state(output_dir: str, stage: int, train_iters: int) -> StageState:
+    run_dir = os.path.join(output_dir, STAGE_DIRS[stage])
+    ckpts = list_checkpoints(run_dir) if os.path.isdir(run_dir) else {}
+    later = sorted(i for i in ckpts if i > train_iters)
+    if later:
+        raise RecipeError(f'{run_dir} holds checkpoint-{later[-1]}, past this plan\'s train_iters {train_iters}: it '
+                          'belongs to another plan. Use a new --output_dir.')
+    return StageState(stage, train_iters, run_dir, ckpts)
+
+
+@dataclass
+class Step:
+    name: str  # 'stage1', 'stage2', 'export'
+    action: str  # 'skip (complete)', 'start', 'resume from ...', 'run'
+    cmd: Optional[List[str]]
+    env: Dict[str, str] = field(default_factory=dict)  # added to the step's environment (the process count)
+
+
+def stage_launch(opts: Options, plan: TwoStagePlan, environ: Optional[Mapping[str, str]] = None,
+                 device_count: Optional[Callable[[], int]] = None) -> Launch:
+    """The stages' process count: the user's NPROC_PER_NODE / NNODES, else the visible GPUs (1 without any) lowered
+    to what the batch allows; RecipeError before anything runs when the count does not fit the batch."""
+    def fits(n: int) -> Optional[str]:
+        try:
+            check_data_parallel(opts, plan, n)
+        except RecipeError as e:
+            return str(e)
+        return None
+
+    launch = pick_launch(os.environ if environ is None else environ, fits, device_count or gpu_count)
+    why = None if launch.world_size is None else fits(launch.world_size)
+    if why:
+        raise RecipeError(f'{why} The stages would run {launch.note}: set NPROC_PER_NODE to a count that fits, or '
+                          'change the batch flags.')
+    return launch
+
+
+def _stage_cmd(opts: Options, plan: TwoStagePlan, stage: int, state: StageState, init: List[str]) -> List[str]:
+    s = plan.stage1 if stage == 1 else plan.stage2
+    extra = opts.stage1_args if stage == 1 else opts.stage2_args
+    # Megatron checkpoints, which stage 2 loads as trained: with safetensors and no optimizer state ms-swift would
+    # save no Megatron weights. The HF model comes from the export.
+    return [
+        cli_executable('megatron'), 'pt', '--model', opts.model, '--model_type', PLT_MODEL_TYPE,
+        '--custom_register_path', REGISTER_FILE, '--patch_size', str(s.patch_size), '--max_length',
+        str(s.seq_length), '--global_batch_size', str(s.global_batch_size), '--train_iters', str(s.train_iters),
+        '--output_dir', state.run_dir, '--add_version', 'false', '--save_safetensors', 'false', *init, *opts.args,
+        *extra
+    ]
+
+
+def _stage_step(opts: Options, plan: TwoStagePlan, state: StageState, start_action: str, start_init: List[str],
+                env: Mapping[str, str]) -> Step:
+    """complete -> skip; interrupted -> ms-swift's full resume from the latest checkpoint; else the fresh start."""
+    name = f'stage{state.stage}'
+    if state.complete:
+        return Step(name, f'skip (complete: {state.final_checkpoint})', None)
+    if state.resume_from:  # --finetune false: weights, optimizer, LR schedule, RNG, iteration and data position
+        return Step(name, f'resume from {state.resume_from}',
+                    _stage_cmd(opts, plan, state.stage, state, ['--mcore_model', state.resume_from, '--finetune',
+                                                                 'false']), dict(env))
+    return Step(name, start_action, _stage_cmd(opts, plan, state.stage, state, start_init), dict(env))
+
+
+def plan_steps(opts: Options, plan: TwoStagePlan, env: Optional[Mapping[str, str]] = None,
+               export_env: Optional[Mapping[str, str]] = None) -> List[Step]:
+    """What a run of ``opts`` does now, from the state on disk, with ``env`` added to the stages' environment and
+    ``export_env`` to the export's. Raises RecipeError before anything runs."""
+    env, export_env = env or {}, export_env or {}
+    out = os.path.abspath(opts.output_dir)
+    s1 = stage_state(out, 1, plan.stage1.train_iters)
+    s2 = stage_state(out, 2, plan.stage2.train_iters)
+    steps = []
+    want = {'all': (1, 2, 3), '1': (1, ), '2': (2, ), 'export': (3, )}[opts.stage]
+    if 1 in want:
+        steps.append(_stage_step(opts, plan, s1, 'start', [], env))
+    if 2 in want:
+        start = opts.stage1_checkpoint or s1.final_checkpoint
+        will_exist = opts.stage1_checkpoint is None and 1 in want  # stage 1 runs first in this command
+        if (not s2.complete and not s2.resume_from and not will_exist
+                and checkpoint_iteration(start) is None):
+            raise RecipeError(
+                f'stage 2 starts from the stage-1 checkpoint {start}, which does not exist or is incomplete '
+                f'(no {os.path.basename(start)}/latest_checkpointed_iteration.txt). Run stage 1 first (--stage 1 '
+                'or --stage all, same --output_dir and plan), or pass --stage1_checkpoint <checkpoint-N dir>.')
+        # weights only, as in the paper: no optimizer, LR schedule or RNG state, iteration 0
+        steps.append(_stage_step(opts, plan, s2, f'start from {start} (weights only: --finetune true)',
+                                 ['--mcore_model', start, '--finetune', 'true'], env))
+    if 3 in want:
+        if not s2.complete and 2 not in want:
+            raise RecipeError(f'nothing to export: stage 2 is not complete ({s2.final_checkpoint} missing). Run the '
+                              'stages first, or export any checkpoint with `python -m swift_plt.recipe.export`.')
+        hf = os.path.join(out, EXPORT_DIR)
+        done = exported_from(hf) == os.path.abspath(s2.final_checkpoint)
+        steps.append(Step('export', f'skip (done: {hf})' if done else f'{s2.final_checkpoint} -> {hf}', None,
+                          dict(export_env)))
+    return steps
+
+
+def exported_from(hf_dir: str) -> Optional[str]:
+    """The checkpoint a finished vanilla export in ``hf_dir`` came from (its provenance file), else None."""
+    try:
+        with open(os.path.join(hf_dir, PROVENANCE), encoding='utf-8') as f:
+            return json.load(f).get('checkpoint')
+    except (OSError, ValueError):
+        return None
+
+
+def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
+    """Refuse an OUTPUT_DIR whose plan.json holds another plan (a rerun resumes only the same plan); write it."""
+    path = os.path.join(out, 'plan.json')
+    current = plan.to_dict()
+    if os.path.exists(path):
+        with open(path, encoding='utf-8') as f:
+            old = json.load(f)
+        if old != current:
+            diff = {k: (old.get(k), current[k]) for k in current if old.get(k) != current[k]}
+            raise RecipeError(f'{out} holds a run with another plan (old, new): {diff}. Rerun with the same '
+                              '--tokens/--patch_size/--lam/--max_length/--global_batch_size/--stage1_batch to resume '
+                              'it, or use a new --output_dir.')
+    elif write:
+        os.makedirs(out, exist_ok=True)
+        with open(path, 'w', encoding='utf-8') as f:
+            json.dump(current, f, indent=2)
