@@ -53,18 +53,13 @@ def make_labels(ids, K, seed=0):
 
 @torch.no_grad()
 def brute_force(model_dir, ids, labels, K):
-    """PatchTrain's formula, the obvious way, fp32 on the GPU, every valid (patch, k) target weighted the same."""
+    """PatchTrain's formula, the obvious way (swift_plt.patch_level.reference): fp32 forward on the GPU, fp64 loss,
+    every valid (patch, k) target weighted the same."""
     from transformers import LlamaForCausalLM
+
+    from swift_plt.patch_level.reference import patch_logits, reference_loss
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation='eager').cuda()
-    B, S = ids.shape
-    P = S // K
-    emb = model.model.embed_tokens(ids.cuda()).view(B, P, K, -1).mean(2)
-    hidden = model.model(inputs_embeds=emb, position_ids=torch.arange(P, device='cuda').expand(B, P)).last_hidden_state
-    logp = torch.log_softmax(model.lm_head(hidden)[:, :-1].double(), -1)  # patch p -> tokens of patch p+1
-    target = labels[:, K:].reshape(B, P - 1, K).cuda()
-    valid = target != IGN
-    nll = -logp.gather(-1, target.clamp(min=0))
-    out = float(nll[valid].sum() / valid.sum())
+    out = float(reference_loss(patch_logits(model, ids.cuda(), K), labels, K))
     del model
     gc.collect()
     torch.cuda.empty_cache()

@@ -8,7 +8,7 @@ loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on plain transf
 For every model dir, on one fixed batch (B=2, S=256 token ids of real text from the jsonl, tokenized with the
 first model dir's tokenizer):
   1. HF reference FIRST (mcore-bridge's rope code replaces transformers' ROPE_INIT_FUNCTIONS['default'] once it
-     runs), in fp32 on the GPU and fp64 on the CPU:
+     runs), swift_plt.patch_level.reference: the forward in fp32 on the GPU and fp64 on the CPU, the loss in fp64:
        e = embed(input_ids).view(B, P, K, H).mean(2); h = model.model(inputs_embeds=e, position_ids=arange(P))
        logits = lm_head(h); loss = sum_k nll_loss(log_softmax(logits[:, :-1]), labels[:, K:].view(B,P-1,K)[..., k]) / K
      plus the token-level (K=1) causal-LM loss, and a control: the PLT loss with targets shifted by one token (how
@@ -37,7 +37,6 @@ import traceback
 os.environ.setdefault('NVIDIA_TF32_OVERRIDE', '0')
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 IGN = -100
 NVTE_ATTN_VARS = ('NVTE_FLASH_ATTN', 'NVTE_FUSED_ATTN', 'NVTE_UNFUSED_ATTN')
@@ -75,37 +74,22 @@ def make_batch(tokenizer_dir, data, B, S):
 
 
 # ----------------------------------------------------------------------------------------------------------- HF side
-def patch_targets(labels, K, shift=0):
-    """[B, S] -> [B, P-1, K]: targets of patches 0..P-2 (tokens of the next patch), PatchTrain's labels[:, K:]."""
-    B, S = labels.shape
-    P = S // K
-    return labels[:, K - shift:S - shift].reshape(B, P - 1, K)
-
-
 @torch.no_grad()
 def hf_reference(model_dir, input_ids, K, device, dtype):
     from transformers import LlamaForCausalLM
+
+    from swift_plt.patch_level.reference import patch_logits, patchtrain_loss, token_nll
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation='eager')
     model = model.to(device).eval()
     ids = input_ids.to(device)
     labels = ids
     B, S = ids.shape
-    P = S // K
     out = {}
-    # PatchTrain (shaochenze/PatchTrain modeling_llama.py), written out as in the brief
-    emb = model.get_input_embeddings()(ids)
-    H = emb.shape[-1]
-    emb = emb.view(B, P, K, H).mean(2)
-    pos = torch.arange(P, device=device).unsqueeze(0).expand(B, P)
-    hidden = model.model(inputs_embeds=emb, position_ids=pos, use_cache=False).last_hidden_state
-    logits = model.lm_head(hidden)  # [B, P, V]
-    V = logits.shape[-1]
-    log_probs = F.log_softmax(logits[:, :-1], dim=-1)
-    tgt = patch_targets(labels, K)
-    flat = log_probs.reshape(-1, V)
-    out['plt_loss'] = float(sum(F.nll_loss(flat, tgt[..., k].reshape(-1)) for k in range(K)) / K)
-    nll = -log_probs.gather(-1, tgt)  # [B, P-1, K]
-    out['plt_tok'] = torch.cat([nll.new_zeros(B, 1, K), nll], 1).reshape(B, S).double().cpu()  # token-aligned
+    # PatchTrain (shaochenze/PatchTrain modeling_llama.py): swift_plt.patch_level.reference
+    logits = patch_logits(model, ids, K)  # [B, P, V]
+    out['plt_loss'] = float(patchtrain_loss(logits, labels, K))
+    plt_tok = token_nll(logits, labels, K)  # [B, S] token-aligned, first patch 0
+    out['plt_tok'] = plt_tok.cpu()
     out['plt_logits'] = logits.double().cpu()
     # the plugin's loss math (swift_plt.patch_level, torch only) on these HF logits, labels prepared as the plugin does
     from swift_plt.patch_level.layout import mask_first_patch
@@ -115,16 +99,14 @@ def hf_reference(model_dir, input_ids, K, device, dtype):
     plugin_losses = plt_token_losses(logits.transpose(0, 1).contiguous(), plt_labels, K)
     valid = plt_labels != IGN
     out['plugin_on_hf_logits'] = float((plugin_losses.float() * valid).sum() / valid.sum())
-    bad = patch_targets(labels, K, shift=1)  # control: targets one token too early
-    out['plt_loss_shift1'] = float(sum(F.nll_loss(flat, bad[..., k].reshape(-1)) for k in range(K)) / K)
+    bad = labels.roll(1, dims=1)  # control: targets one token too early (bad[:, K:] = labels[:, K-1:S-1])
+    out['plt_loss_shift1'] = float(patchtrain_loss(logits, bad, K))
     # per-token control: how much each token's NLL moves under that mis-alignment
-    out['tok_control'] = float((log_probs.gather(-1, tgt) - log_probs.gather(-1, bad)).abs().max())
-    # token-level causal LM (K=1)
+    out['tok_control'] = float((plt_tok - token_nll(logits, bad, K)).abs().max())
+    # token-level causal LM: the stock HF forward, scored as PatchTrain at K=1
     tl = model(input_ids=ids, use_cache=False).logits  # [B, S, V]
-    lp = F.log_softmax(tl[:, :-1], dim=-1)
-    out['tok_loss'] = float(F.nll_loss(lp.reshape(-1, V), ids[:, 1:].reshape(-1)))
-    tok_nll = -lp.gather(-1, ids[:, 1:, None])[..., 0]  # [B, S-1]: position t predicts token t+1
-    out['tok_tok'] = torch.cat([tok_nll, tok_nll.new_zeros(B, 1)], 1).double().cpu()
+    out['tok_loss'] = float(patchtrain_loss(tl, ids, 1))
+    out['tok_tok'] = token_nll(tl, ids, 1).roll(-1, dims=1).cpu()  # at position t: its NLL of token t+1 (rolled)
     out['tok_logits'] = tl.double().cpu()
     del model
     gc.collect()

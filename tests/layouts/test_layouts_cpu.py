@@ -192,25 +192,17 @@ def _hf_grads(chunks):
 
 # ---------------------------------------------------------------------------------------------------- references
 def brute_force_plt_loss(hf_dir, micro_batches, k):
-    """PatchTrain written the obvious way with plain transformers, row by row on the real tokens: the mean NLL of
-    all valid targets of the global batch (patch p predicts the K tokens of patch p+1; nothing predicts patch 0)."""
+    """PatchTrain with plain transformers (swift_plt.patch_level.reference), row by row on the real tokens: the
+    mean NLL of all valid targets of the global batch (patch p predicts the K tokens of patch p+1, none patch 0)."""
     from transformers import LlamaForCausalLM
+
+    from swift_plt.patch_level.reference import padded_batch_nll
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     nll, count = 0.0, 0
     with torch.no_grad():
         for mb, lens in zip(micro_batches, LENS):
-            for b, n in enumerate(lens):
-                ids = mb['input_ids'][b, :n]
-                P = n // k
-                emb = model.model.embed_tokens(ids[None]).view(1, P, k, -1).mean(2)
-                hidden = model.model(inputs_embeds=emb, position_ids=torch.arange(P)[None]).last_hidden_state
-                logp = torch.log_softmax(model.lm_head(hidden)[0].double(), -1)
-                for p in range(P - 1):
-                    for j in range(k):
-                        y = int(mb['labels'][b, (p + 1) * k + j])
-                        if y != -100:
-                            nll -= float(logp[p, y])
-                            count += 1
+            s, c = padded_batch_nll(model, mb['input_ids'], mb['labels'], lens, k)
+            nll, count = nll + float(s), count + c
     return nll / count, count
 
 

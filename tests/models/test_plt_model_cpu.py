@@ -37,25 +37,14 @@ def make_batch(seed=0):
 
 
 def hf_plt_reference(hf_dir, batch, k):
-    """Brute force: each row on its own real tokens with plain transformers; patch = mean of K embeddings,
-    positions 0..P-1, patch p predicts the K tokens of patch p+1; mean NLL over valid targets.
+    """Brute force (swift_plt.patch_level.reference): each row on its own real tokens with plain transformers.
     Returns (loss, grad of the input embedding matrix)."""
     from transformers import LlamaForCausalLM
+
+    from swift_plt.patch_level.reference import padded_batch_nll
     model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     model.zero_grad()
-    nll, count = 0.0, 0
-    for b, n in enumerate(LENS):
-        ids = batch['input_ids'][b, :n]
-        P = n // k
-        emb = model.model.embed_tokens(ids[None]).view(1, P, k, -1).mean(2)
-        hidden = model.model(inputs_embeds=emb, position_ids=torch.arange(P)[None]).last_hidden_state
-        logp = torch.log_softmax(model.lm_head(hidden)[0].double(), -1)
-        for p in range(P - 1):
-            for j in range(k):
-                y = int(batch['labels'][b, (p + 1) * k + j])
-                if y != -100:
-                    nll = nll - logp[p, y]
-                    count += 1
+    nll, count = padded_batch_nll(model, batch['input_ids'], batch['labels'], LENS, k)
     loss = nll / count
     loss.backward()
     return float(loss), model.model.embed_tokens.weight.grad.clone()

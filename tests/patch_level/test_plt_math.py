@@ -4,10 +4,10 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from harness.dist import free_port
 from swift_plt.patch_level import layout as patch_layout, loss as patch_loss
+from swift_plt.patch_level.reference import patchtrain_loss, reference_loss
 
 IGN = -100
 
@@ -32,29 +32,6 @@ def swift_token_mask(seq_lens, S):  # what ms-swift's collator builds for padded
     for i, n in enumerate(seq_lens):
         m[i, :, :, n:] = 0
     return ~m
-
-
-def brute_plt_loss(logits, labels, k):
-    """Mean over valid (patch, k) of -log softmax(logits[b, p])[labels[b, (p+1)k + j]]; logits [B, P, V]."""
-    B, P, _ = logits.shape
-    logp = torch.log_softmax(logits.double(), -1)
-    total, count = 0.0, 0
-    for b in range(B):
-        for p in range(P - 1):
-            for j in range(k):
-                y = int(labels[b, (p + 1) * k + j])
-                if y != IGN:
-                    total = total - logp[b, p, y]
-                    count += 1
-    return total / count
-
-
-def patchtrain_loss(logits, labels, k):
-    """PatchTrain's formula (shaochenze/PatchTrain modeling_llama.py), logits [B, P, V], labels [B, S]."""
-    B, P, V = logits.shape
-    log_probs = F.log_softmax(logits[:, :-1].double(), dim=-1).reshape(-1, V)
-    tgt = labels[:, k:].reshape(B, P - 1, k)
-    return sum(F.nll_loss(log_probs, tgt[..., j].reshape(-1)) for j in range(k)) / k
 
 
 def plt_mean_loss(logits_bpv, labels, k):
@@ -191,7 +168,7 @@ def test_loss_equals_patchtrain_without_ignored_labels(k):
     labels[:, :k] = IGN  # first patch: nothing predicts it (mask_first_patch)
     got, _ = plt_mean_loss(logits, labels, k)
     torch.testing.assert_close(got.double(), patchtrain_loss(logits, labels, k), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(got.double(), brute_plt_loss(logits, labels, k), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got.double(), reference_loss(logits, labels, k), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize('seed', range(5))
@@ -204,7 +181,7 @@ def test_loss_with_ignored_labels_and_grad(seed):
     labels[:, :k] = IGN
     got, losses = plt_mean_loss(logits, labels, k)
     ref_logits = logits.detach().clone().requires_grad_(True)
-    ref = brute_plt_loss(ref_logits, labels, k)
+    ref = reference_loss(ref_logits, labels, k)
     torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
     # first patch and ignored positions carry exactly 0
     assert torch.all(losses[labels == IGN] == 0)
