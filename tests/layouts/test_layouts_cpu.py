@@ -410,14 +410,14 @@ def template(tmp_path_factory):
     _, processor = get_model_processor(model_dir, model_type='llama3_2_plt', load_model=False, download_model=False)
     tpl = get_template(processor, template_type='llama', use_chat_template=False, max_length=64, loss_scale='all')
     tpl.set_mode('train')
-    tpl.plt_patch_size = K  # what swift_plt/plugin/patches/swift_pipelines_train_sft.py sets for --patch_size 4
+    tpl.patch_size = K  # what swift_plt/plugin/patches/swift_pipelines_train_sft.py sets for --patch_size 4
     return tpl
 
 
 def test_streaming_paths_pad_every_document_to_k(template):
     """ms-swift's two streaming data paths (swift/pipelines/train/sft.py: EncodePreprocessor for --streaming,
     IterablePackingDataset for --streaming --packing, whose worker processes get the template with its
-    plt_patch_size) encode through the patched Template._encode_truncated: every document a multiple of K with its
+    patch_size) encode through the patched Template._encode_truncated: every document a multiple of K with its
     first patch masked, and every packed row patch-aligned (the check the PLT batch patch runs before the model)."""
     from datasets import Dataset, IterableDataset
     from swift.dataset import EncodePreprocessor
