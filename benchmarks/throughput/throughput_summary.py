@@ -25,7 +25,7 @@ import os
 import re
 import statistics
 
-from tput_launch import fmt_cpus  # this directory (the scripts run as benchmarks/throughput/NAME.py)
+from run_order import fmt_cpus  # this directory (the scripts run as benchmarks/throughput/NAME.py)
 
 SEQ = {'stock': 2048, 'plt1': 2048, 'plt4': 8192}
 K = {'stock': 1, 'plt1': 1, 'plt4': 4}

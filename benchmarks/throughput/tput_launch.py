@@ -32,6 +32,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))  # megatron pt runs here (custom_model/llama.py)
 PROBE_DIR = os.path.join(HERE, 'step_probe')
+sys.path.insert(0, HERE)
+from process_tree import _alive, _children, descendants  # noqa: E402
+from run_order import cpu_split, expand, fmt_cpus, plan  # noqa: E402,F401  (tests and the summary use them here)
 
 # name -> (model args, SWIFT_PLT_DISABLE, K, max_length at K) ; the max_length is the same 2048 positions
 BASES = {
@@ -43,83 +46,6 @@ BASES = {
 }
 BASES['stock2'] = BASES['stock']  # the control: the same stock run again, so stock2/stock is the noise floor
 POSITIONS = 2048
-
-
-def cpu_split(cpus, lookahead):
-    """(train cores, start cores) of the sorted core list: no split (both = all) below 8 cores or when serial."""
-    cpus = sorted(cpus)
-    if len(cpus) < 8 or lookahead <= 1:
-        return cpus, cpus
-    n_train = max(4, len(cpus) * 3 // 8)
-    return cpus[:n_train], cpus[n_train:]
-
-
-def fmt_cpus(cpus):
-    """[0,1,2,5] -> '0-2,5'."""
-    out, cpus = [], sorted(cpus)
-    i = 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        out.append(str(cpus[i]) if i == j else f'{cpus[i]}-{cpus[j]}')
-        i = j + 1
-    return ','.join(out)
-
-
-def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None, rotate=False, warmup=False):
-    """Interleaved run list [(key, base, round, mbs)]: the MBS `mbs` rounds, with the MBS 8 rounds after the first
-    `m8_after` of them (default: after all), so that a budget cut drops the runs at the end of the list.
-    rotate: round i (0-based, MBS 4 and MBS 8 counted apart) runs the names rotated left by i (A B C, B C A, C A B):
-    over len(names) rounds each run takes each place in a round once, so a place effect (e.g. the run after a given
-    one) does not fall on one run only. warmup: first an untimed-by-ratio run of names[0] at MBS `mbs`, round 0
-    (the first run on a fresh machine was 9 % slower than the same run later: H200, 2026-11-23)."""
-    m8_after = rounds if m8_after is None else min(m8_after, rounds)
-
-    def order(i):
-        j = i % len(names) if rotate else 0
-        return names[j:] + names[:j]
-
-    main = [[(f'{n}_r{r}', n, r, mbs) for n in order(i)]
-            for i, r in enumerate(range(first_round, first_round + rounds))]
-    m8 = [[(f'{n}_m8_r{r}', n, r, 8) for n in order(i)]
-          for i, r in enumerate(range(first_round, first_round + rounds_m8))]
-    head = [[(f'{names[0]}_r0', names[0], 0, mbs)]] if warmup else []  # round 0: alone, in no ratio
-    return [x for rnd in head + main[:m8_after] + m8 + main[m8_after:] for x in rnd]
-
-
-def _children():
-    """pid -> [child pids] from /proc."""
-    kids = {}
-    for d in os.listdir('/proc'):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f'/proc/{d}/stat') as f:
-                ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
-def descendants(pid, kids=None):
-    kids = _children() if kids is None else kids
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for c in kids.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid):
-    try:
-        with open(f'/proc/{pid}/stat') as f:
-            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
 
 
 class Run:
@@ -382,14 +308,6 @@ class Launcher:
                            runs=[r.record(self.t0) for r in runs], events=self.events), f, indent=1)
         self.log(f'launcher done: {sum(r.state == "done" for r in runs)} of {len(runs)} runs ok, '
                  f'at most {self.max_alive_seen} alive (lookahead {a.lookahead})')
-
-
-def expand(spec):
-    out = []
-    for part in spec.split(','):
-        lo, _, hi = part.partition('-')
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def main(argv=None):
