@@ -1,4 +1,4 @@
-"""Checks of critic training for tests/gpu/critic_train.sh (runs on CPU too, under tests/harness).
+"""Critic training checks of critic_train.sh, critic_cp.sh and layouts.sh (runs on CPU too, under tests/harness).
 
 1. MegatronCritic (swift_plt.critic.engine) built the way ms-swift builds its models; one process per rank:
     torchrun --nproc_per_node 2 tests/gpu/critic_checks.py --model CRITIC_DIR --tp 2 --json OUT/tp2.json
@@ -12,7 +12,7 @@ Model: MegatronArguments(model_type=llama3_2_critic, tp, pp, bf16) -> swift.mega
 bridge.load_weights -> swift's wrap_model (Float16Module + megatron DDP) -> get_megatron_optimizer (Adam, lr 1e-5).
 Batch: fixed random ids, one left-padded row, responses of R tokens at the end (verl layout), returns in [-1, 1].
 Recorded (last rank): compute_values before any update, the metrics of 3 update_critic steps, compute_values after.
-CPU dry run (tests/harness): SWIFT_PLT_CPU_HARNESS=1 PYTHONPATH=tests/harness/site python tests/gpu/critic_engine.py
+CPU dry run (tests/harness): SWIFT_PLT_CPU_HARNESS=1 PYTHONPATH=tests/harness/site python tests/gpu/critic_checks.py
   --model DIR --json x.json --dtype fp32 --mg-kwargs '{"use_cpu_initialization": true, "attention_backend":
   "unfused", "ddp_backend": "gloo", "perform_initialization": true, "use_distributed_optimizer": false}'
 """
@@ -52,7 +52,7 @@ def build(model_dir, tp, pp, dtype, mg_kwargs):
               fp16=False, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, padding_free=False,
               recompute_granularity='none', seed=42, micro_batch_size=1, global_batch_size=1, finetune=True,
               no_save_optim=True, no_save_rng=True, no_load_optim=True, no_load_rng=True,
-              attention_backend='fused')  # ms-swift's default (flash) needs flash-attn, which the H200 kit lacks
+              attention_backend='fused')  # ms-swift's default (flash) needs flash-attn, an optional install
     kw.update(mg_kwargs)
     args = MegatronArguments(**kw)
     hf_config = get_processor(model_dir, model_type='llama3_2_critic').model_info.config

@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# Critic training with context parallel (issue 4: "CP works"), one command, on an `nvidia-h200-x2` device machine,
-# from the repo root:
-#     bash tests/gpu/critic_cp.sh     (device tool: kind='nvidia-h200-x2', carry=['.gpu_kit'], $OUT set by it)
-# Writes every log to $OUT and the results to $OUT/critic_cp_summary.txt, ending with one line "CRITIC_CP: OK|FAIL".
-#   0. setup: .gpu_kit, plugin install, tiny Llama, critic rows (tests/harness/critic_rows.py), a tiny critic with a
-#      random value head N(0, 0.05) (so the step-1 values depend on the forward, not only on the targets)
-#   1. (at once) GPU0: `megatron sft --model_type llama3_2_critic` on per-token returns with the clipped value loss,
-#      GPU1: on scalar rewards (plain MSE); 20 iterations each, bf16, --attention_backend fused, seed 42
+# Critic training with context parallel, 2 GPUs, ~3-4 min (from anywhere; every log and
+# $OUT/critic_cp_summary.txt in $OUT, default ./gpu_results/critic_cp):
+#     bash tests/gpu/critic_cp.sh
+#   0. tiny Llama (tests/gpu/make_tiny.py), critic rows (tests/harness/critic_rows.py), a tiny critic with a random
+#      value head N(0, 0.05) (so the step-1 values depend on the forward, not only on the targets)
+#   1. (at once) GPU 0: `megatron sft --model_type llama3_2_critic` on per-token returns with the clipped value loss,
+#      GPU 1: on scalar rewards (plain MSE); 20 iterations each, bf16, --attention_backend fused, seed 42
 #   2. GPUs 0,1: the same two runs with --context_parallel_size 2 (one after the other; DP stays 1, so the batches
 #      are the same)
 #   Pass: for each pair, step-1 value_loss of the CP run within 2e-2 (relative) of the 1-GPU run, the CP run's value
 #   loss falling (mean of the last 5 steps < 0.9 x / 0.7 x the first 5), the same number of steps.
-# Budget: BUDGET seconds (default 300). env: BUDGET, CRITIC_WORK (scratch dir).
+# With one GPU the whole script is a SKIP (CP needs 2). Not rehearsed on CPU: CP attention is Transformer Engine's.
+# Last line "CRITIC_CP: OK|FAIL|SKIP ...". Budget: BUDGET seconds (default 300). env: OUT, BUDGET, CRITIC_WORK
+# (scratch dir), SWIFT_PLT_GPU_ENV.
 set -o pipefail
 set -m
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$REPO" || exit 1
 # shellcheck disable=SC1091
-source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin, critic_setup
-gpu_init /tmp/critic_cp_out critic_cp_summary.txt "${CRITIC_WORK:-/tmp/critic_cp}" 300
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+GPU_CUDA_ONLY="context-parallel attention is Transformer Engine's"
+gpu_init critic_cp critic_cp_summary.txt "${CRITIC_WORK:-/tmp/swift_plt_gpu/critic_cp}" 300 2
 CHECK="python3 tests/gpu/critic_checks.py"
 
-say "== swift-plt critic context-parallel GPU check, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null)"
-critic_setup || { say "CRITIC_CP: FAIL"; exit 1; } # -> $W/tiny/model, $W/{reward,returns}.jsonl, $W/critic
+critic_setup || { check setup 1; finish; } # -> $W/tiny/model, $W/{reward,returns}.jsonl, $W/critic
 
 COMMON=(--model "$W/critic" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
   --template chatml --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42 --attention_backend fused
@@ -36,7 +35,7 @@ sft() { # sft NAME GPUS PORT -- args...
   shift 4
   n=$(($(echo "$gpus" | tr -cd , | wc -c) + 1))
   mkdir -p "$W/runs/$name" "$W/cache/$name"
-  CUDA_VISIBLE_DEVICES=$gpus NPROC_PER_NODE=$n MASTER_PORT=$port HF_DATASETS_CACHE="$W/cache/$name/hf" \
+  CUDA_VISIBLE_DEVICES=$(dev "$gpus") NPROC_PER_NODE=$n MASTER_PORT=$port HF_DATASETS_CACHE="$W/cache/$name/hf" \
     MODELSCOPE_CACHE="$W/cache/$name/ms" timeout -k 10 "$(cap 200)" megatron sft "${COMMON[@]}" \
     --output_dir "$W/runs/$name" "$@" >"$OUT/$name.log" 2>&1
   echo "rc=$?"
@@ -53,14 +52,13 @@ say "== 2: --context_parallel_size 2 on GPUs 0,1, $(now)"
 say "-- cp_returns $(sft cp_returns 0,1 29673 -- "${RETURNS[@]}" --context_parallel_size 2); $(now)"
 say "-- cp_reward $(sft cp_reward 0,1 29674 -- "${REWARD[@]}" --context_parallel_size 2); $(now)"
 
-ok=1
 $CHECK --cp "per-token returns, --value_clip_range 0.2, 20 it" "$OUT/ref_returns.log" "$OUT/cp_returns.log" \
-  --ltol 2e-2 --min-drop 0.9 2>&1 | tee -a "$SUM" || ok=0
+  --ltol 2e-2 --min-drop 0.9 2>&1 | tee -a "$SUM"
+check cp-returns $?
 $CHECK --cp "scalar rewards, 20 it" "$OUT/ref_reward.log" "$OUT/cp_reward.log" --ltol 2e-2 --min-drop 0.7 2>&1 |
-  tee -a "$SUM" || ok=0
+  tee -a "$SUM"
+check cp-reward $?
 for name in cp_returns cp_reward; do # evidence that CP was on
   say "-- $name: $(grep -o -m1 "context_parallel_size=[0-9]*" "$OUT/$name.log" || echo 'context_parallel_size not found in log')"
 done
-say "== done, $(now)"
-if [ $ok = 1 ]; then say "CRITIC_CP: OK"; else say "CRITIC_CP: FAIL"; fi
-exit 0
+finish

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# PLT (llama3_2_plt, K=4) and the critic in Megatron's parallel layouts, one command, from the repo root:
-#     bash tests/gpu/layouts.sh        (device tool: carry=['.gpu_kit', ...], $OUT set by it)
-# What runs depends on the GPUs present (NGPU env overrides nvidia-smi):
+# PLT (llama3_2_plt, K=4) and the critic in Megatron's parallel layouts, one command (from anywhere; logs and
+# $OUT/layouts_summary.txt in $OUT, default ./gpu_results/layouts):
+#     bash tests/gpu/layouts.sh
+# What runs depends on the GPUs visible (NGPU=n uses only the first n); the parts that need more GPUs than visible
+# get a SKIP line:
 #   1 GPU  : the 1B-shape model (Llama-3.2-1B shape, random init, real Llama-3 tokenizer if given) at K=4,
 #            max_length 8192, --packing true with --streaming true vs the same without streaming (both at once on
 #            GPU 0): step-1 loss (same range; the two data paths pack different rows, see below), falling curves,
@@ -17,16 +19,17 @@
 # run also reports tokens/s (GBS x max_length slots per step, after WARM steps) and peak memory (ms-swift's
 # memory(GiB)). Logs in $OUT, the summary in $OUT/layouts_summary.txt (appended as it goes), last line
 # "LAYOUTS: OK|FAIL (n/m)".
-# env: BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 30), ITERS_1B (30), PAR (4), WARM (3), LAYOUTS (space-separated
+# env: OUT, BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 30), ITERS_1B (30), PAR (4), WARM (3), LAYOUTS (space-separated
 #      subset of the names below; default all that fit the GPUs), LLAMA3_TOK (dir with the real Llama-3
 #      tokenizer.json; or LLAMA3_TIKTOKEN=tokenizer.model + LLAMA3_CONVERT=convert_llama3_tokenizer.py to build it;
 #      else the tiny tokenizer is used and the summary says so), LAYOUTS_TEXT (a text file for the 1B data; else
 #      synthetic word rows), EXTRA_PT_ARGS (appended to every megatron command; the last flag wins, e.g. for a CPU
-#      dry run), LAYOUTS_WORK (scratch dir); for a CPU dry run of this script only: SHAPE_1B=tiny, MAXLEN_1B, DOCS_1B.
+#      dry run), LAYOUTS_WORK (scratch dir), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh); for a CPU dry run of
+#      this script only: SHAPE_1B=tiny, MAXLEN_1B, DOCS_1B.
 # --dataset_num_proc 2 for the 1B runs: under --streaming --packing each of them is a packing worker that ms-swift
 # starts with the 'spawn' context once torch.distributed is up (swift/dataset/packing.py), one after another, each
 # importing ms-swift and unpickling the template before the next starts; with 8 the streaming run had not reached
-# step 1 after 168 s on an H100 (seen 2026-11-23; on CPU the workers came up ~35 s apart).
+# step 1 after 168 s on an H100 (on CPU the workers came up ~35 s apart).
 # Streaming note: ms-swift packs a streaming dataset in windows of 128 rows (IterablePackingDataset), the
 # non-streaming one over the whole shuffled dataset (PackingDataset), so their step-1 batches differ: on 1 GPU the
 # comparison shows both paths train at K=4 (every packed row is checked patch-aligned by the plugin before the model)
@@ -34,39 +37,25 @@
 set -o pipefail
 set -m
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$REPO" || exit 1
 # shellcheck disable=SC1091
-source tests/gpu/lib.sh # gpu_init, left, cap, say, now, install_plugin, critic_setup
-gpu_init /tmp/layouts_out layouts_summary.txt "${LAYOUTS_WORK:-/tmp/plt_layouts}" 580
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_init layouts layouts_summary.txt "${LAYOUTS_WORK:-/tmp/swift_plt_gpu/layouts}" 580 1
 SUMPY="env LOGDIR=$OUT python3 $REPO/tests/gpu/summarize.py"
 CHECK="python3 $REPO/tests/gpu/critic_checks.py"
-NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 LTOL=${LTOL:-1e-2}
 ITERS=${ITERS:-30}
 ITERS_1B=${ITERS_1B:-30}
 WARM=${WARM:-3}
 R=$W/runs
-PASS=0
-TOTAL=0
-verdict() { # verdict RC: count a layout's check
-  TOTAL=$((TOTAL + 1))
-  [ "$1" = 0 ] && PASS=$((PASS + 1))
-}
 
-rev='(no git)'  # only this tree's own git (a copy staged inside another checkout must not report that one's HEAD)
-[ "$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null)" = "$REPO" ] && rev=$(git -C "$REPO" rev-parse --short HEAD)
-say "== swift-plt layouts, $(date -u +%FT%TZ), repo $rev, NGPU=$NGPU"
 TINY=$W/tiny
 if [ "$NGPU" -ge 2 ]; then
-  critic_setup || { say "LAYOUTS: FAIL (setup)"; exit 1; } # kit, plugin, $W/tiny/model (+data), critic rows, $W/critic
+  critic_setup || { check setup 1; finish; } # $W/tiny/model (+data), critic rows, $W/critic
 else # 1 GPU: only the 1B runs (no critic, no tiny matrix)
-  say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
-  # shellcheck disable=SC1091
-  source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1 || { say "LAYOUTS: FAIL (kit)"; exit 1; }
-  install_plugin >"$OUT/pip_install.log" 2>&1
-  python3 .gpu_kit/make_tiny_llama.py --out "$TINY" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
-  say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); tiny rc=$?; $(now)"
+  make_tiny "$TINY"
+  rc=$?
+  say "0 setup: tiny rc=$rc; $(now)"
+  [ $rc = 0 ] || { check setup 1; finish; }
 fi
 
 if [ -z "${LAYOUTS:-}" ]; then
@@ -78,7 +67,10 @@ if [ -z "${LAYOUTS:-}" ]; then
   esac
 fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
-say "layouts: ${LAYOUTS:-(none: no GPU)}"
+say "layouts: ${LAYOUTS:-(none)}"
+[ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" \
+  "2-GPU part: needs 2 GPUs, $NGPU visible"
+[ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp" "4-GPU part: needs 4 GPUs, $NGPU visible"
 
 # ------------------------------------------------------------------------------------------------ runs
 TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 4
@@ -105,7 +97,7 @@ run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, log
     return 1
   fi
   # own dataset caches: concurrent runs must not race on the same cache files
-  CUDA_VISIBLE_DEVICES=$gpus NPROC_PER_NODE=$n MASTER_PORT=${RUN_PORT:-$((29800 + RANDOM % 150))} \
+  CUDA_VISIBLE_DEVICES=$(dev "$gpus") NPROC_PER_NODE=$n MASTER_PORT=${RUN_PORT:-$((29800 + RANDOM % 150))} \
     HF_DATASETS_CACHE="$W/cache/$name/hf" MODELSCOPE_CACHE="$W/cache/$name/ms" \
     timeout -k 10 "$(cap "$capped")" megatron "$cmd" "$@" --output_dir "$od" ${EXTRA_PT_ARGS:-} >"$OUT/$name.log" 2>&1
   rc=$?
@@ -115,7 +107,7 @@ run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, log
   [ -n "$f" ] && cp "$f" "$OUT/$name.logging.jsonl"
   echo "rc=$rc $((SECONDS - t))s"
 }
-# compare LABEL REF NAME TOKENS_PER_STEP: step-1 loss vs REF (LTOL), curve, tokens/s + memory; counts one verdict
+# compare LABEL REF NAME TOKENS_PER_STEP: step-1 loss vs REF (LTOL), curve, tokens/s + memory; counts one check
 compare() {
   local label=$1 ref=$2 name=$3 tok=$4 rc=0
   say "-- $label"
@@ -123,7 +115,7 @@ compare() {
   $SUMPY curve "   $name curve" "$R/$name" "$OUT/$name.log" 2>&1 | tee -a "$SUM" || rc=1
   $SUMPY tps "$name=$R/$name:$tok" "1GPU=$R/$ref:$tok" --warm "$WARM" 2>&1 | tee -a "$SUM"
   [ "$(cat "$R/$name/rc" 2>/dev/null)" = 0 ] && [ "$(cat "$R/$ref/rc" 2>/dev/null)" = 0 ] || rc=1
-  verdict $rc
+  check "$name" $rc
 }
 TINY_TOK=$((8 * 512))
 
@@ -216,7 +208,7 @@ if want stream1b; then
   $SUMPY tps "stream=$R/stream1b:$TOK_1B" "nostream=$R/nostream1b:$TOK_1B" --warm "$WARM" 2>&1 | tee -a "$SUM"
   say "   (tokens/s: both runs share GPU 0; slots = GBS x max_length per step)"
   [ "$(cat "$R/stream1b/rc" 2>/dev/null)" = 0 ] && [ "$(cat "$R/nostream1b/rc" 2>/dev/null)" = 0 ] || rc=1
-  verdict $rc
+  check stream1b $rc
 fi
 
 # ------------------------------------------------------------------------------- 2 GPUs: the tiny matrix
@@ -238,7 +230,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     local name=$1 gpus=$2 np=$3 kw=${4:-'{}'}
     PORT_N=$((${PORT_N:-0} + 1))
     (
-      CUDA_VISIBLE_DEVICES=$gpus timeout -k 10 "$(cap 200)" torchrun --nproc_per_node "$np" \
+      CUDA_VISIBLE_DEVICES=$(dev "$gpus") timeout -k 10 "$(cap 200)" torchrun --nproc_per_node "$np" \
         --master_port $((29600 + 7 * PORT_N)) tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/$name.json" \
         --mg-kwargs "$kw" >"$OUT/$name.log" 2>&1
       echo "rc=$?" >"$W/$name.rc"
@@ -310,22 +302,22 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
         grep -q -F -- '--cp_partition_mode contiguous with --context_parallel_size > 1' "$OUT/cp2_contiguous.log" &&
         ! grep -q "'loss'" "$OUT/cp2_contiguous.log"; then
         say "-- CP2 contiguous: refused before step 1 with the message (expected)"
-        verdict 0
+        check cp2_contiguous 0
       else
         say "-- CP2 contiguous: NOT refused as expected (see cp2_contiguous.log)"
-        verdict 1
+        check cp2_contiguous 1
       fi
       ;;
     critic_dp2) # critic_checks --cp is the generic "2-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
       say "-- $label vs 1 GPU"
       $CHECK --cp "critic DP2 (scalar rewards)" "$OUT/critic_ref.log" "$OUT/critic_dp2.log" --ltol "$LTOL" \
         --min-drop 0.7 2>&1 | sed 's/^CP /DP2 /' | tee -a "$SUM"
-      verdict $?
+      check critic_dp2 $?
       ;;
     critic_engine_cp2)
       say "-- $label vs 1 GPU: $(cat "$W/engine_1gpu.rc" 2>/dev/null) / $(cat "$W/engine_cp2.rc" 2>/dev/null)"
       $CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_cp2.json" 2>&1 | tee -a "$SUM"
-      verdict $?
+      check critic_engine_cp2 $?
       ;;
     *) compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK" ;;
     esac
@@ -361,9 +353,4 @@ if [ "$NGPU" -ge 4 ]; then
     --sequence_parallel true
 fi
 
-if [ "$TOTAL" -gt 0 ] && [ "$PASS" = "$TOTAL" ]; then
-  say "LAYOUTS: OK ($PASS/$TOTAL); $(now)"
-else
-  say "LAYOUTS: FAIL ($PASS/$TOTAL); $(now)"
-fi
-exit 0
+finish

@@ -1,25 +1,33 @@
-# Shared by the GPU scripts (run_all.sh, critic_train.sh): `source tests/gpu/lib.sh` from the repo root.
-#   gpu_init OUT_DEFAULT SUMMARY WORK BUDGET_DEFAULT: $OUT (created, exported; the device tool sets it), $SUM (emptied),
-#     $W (scratch dir, emptied, with runs/), $BUDGET (env BUDGET wins), $T0
+# Shared by the scripts in tests/gpu. A script sources it first, from wherever it was started:
+#     source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#   gpu_init NAME SUMMARY WORK BUDGET MIN_GPUS [COMMANDS]: source $SWIFT_PLT_GPU_ENV if set; $OUT (env wins, else
+#     ./gpu_results/NAME under the directory the script was started from; created, exported, printed); cd to the
+#     repo; $SUM=$OUT/SUMMARY (emptied); prerequisites (tests/gpu/prereq.py: CUDA GPUs, Transformer Engine,
+#     ms-swift[megatron], swift-plt installed, COMMANDS on PATH) -> exit 2 with what to install; $NGPU; fewer than
+#     MIN_GPUS -> a SKIP verdict and exit 0; $W (scratch dir WORK, env wins where the script says so; emptied, with
+#     runs/); $BUDGET (env wins), $T0. Logs of the set-up: $OUT/prereq.log.
 #   left / cap WANT / say MSG / now: seconds left of the budget, WANT capped to them (>= 5), MSG to stdout and $SUM,
 #     "t=<elapsed>s"
-#   install_plugin: pip-install this repo into the interpreter's site-packages (the .pth startup hook needs a real
-#     site dir); prints INSTALLED_BY=...
-#   critic_setup: (critic_train.sh, critic_cp.sh) machine line, .gpu_kit, plugin, tiny Llama $W/tiny/model, critic rows
-#     $W/reward.jsonl (512) and $W/returns.jsonl (256, with old_values), a tiny critic $W/critic with a random value
-#     head N(0, 0.05); logs in $OUT, lines in $SUM; returns 1 if the kit cannot be sourced
-gpu_init() {
-  OUT=${OUT:-$1}
-  mkdir -p "$OUT"
-  export OUT
-  SUM=$OUT/$2
-  : >"$SUM"
-  W=$3
-  rm -rf "$W"
-  mkdir -p "$W/runs"
-  BUDGET=${BUDGET:-$4}
-  T0=$SECONDS
-}
+#   dev IDX[,IDX]: the CUDA_VISIBLE_DEVICES value for the script's GPU indices 0, 1, ... (the GPUs the caller made
+#     visible, else all), so a script asking for GPU 1 gets the second visible GPU
+#   check LABEL RC / skip LABEL WHY / finish: count a check (RC 0 = pass), report a skipped part with a SKIP line,
+#     and end with the verdict line "TAG: OK (n/n)" or "TAG: FAIL (p/n; failed: ...)" (exit 0 / 1); TAG is
+#     $GPU_TAG if the script set it, else NAME in capitals
+#   make_tiny DIR / critic_setup: the tiny Llama DIR/model + DIR/data/train.jsonl (tests/gpu/make_tiny.py);
+#     critic_setup: that at $W/tiny, critic rows $W/reward.jsonl (512) and $W/returns.jsonl (256, with old_values),
+#     a tiny critic $W/critic with a random value head N(0, 0.05); lines in $SUM; returns 1 on failure
+# Exit codes of every script: 0 all checks passed (or the script was skipped), 1 a check failed, 2 set-up failed.
+# SWIFT_PLT_GPU_DRY_RUN=1: rehearse a script on CPU under the test harness (tests/harness: gloo, CPU stand-ins for
+#   Transformer Engine, its CPU flags appended to every megatron command); no CUDA needed, NGPU from the env
+#   (default 1). It checks the script's plumbing, not the GPU numbers. A script that sets GPU_CUDA_ONLY=WHY before
+#   gpu_init has no dry run. On a GPU machine NGPU=n uses only the first n visible GPUs.
+
+GPU_START_DIR=$PWD
+GPU_NGPU_ENV=${NGPU:-} # NGPU=n: use only the first n visible GPUs
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+say() { echo "$*" | tee -a "$SUM"; }
+now() { echo "t=$((SECONDS - T0))s"; }
 left() { echo $((BUDGET - (SECONDS - T0))); }
 cap() { # cap WANT: WANT seconds, or what is left of the budget (at least 5)
   local want=$1 l
@@ -28,33 +36,128 @@ cap() { # cap WANT: WANT seconds, or what is left of the budget (at least 5)
   [ "$want" -lt 5 ] && want=5
   echo "$want"
 }
-say() { echo "$*" | tee -a "$SUM"; }
-now() { echo "t=$((SECONDS - T0))s"; }
-install_plugin() {
-  python3 -m pip install --no-deps --no-build-isolation --no-index . && echo "INSTALLED_BY=pip" && return 0
-  python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . &&
-    echo "INSTALLED_BY=pip(--break-system-packages)" && return 0
-  # last resort: put in site-packages exactly what the wheel holds (setup.py: swift_plt, patches -> swift_plt/patches,
-  # swift_plt_startup.pth at the root)
-  local sp
-  sp=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  [ -w "$sp" ] || sp=$(python3 -m site --user-site)
-  mkdir -p "$sp" && rm -rf "$sp/swift_plt" && cp -r swift_plt "$sp/" && rm -rf "$sp/swift_plt/patches" &&
-    cp -r patches "$sp/swift_plt/patches" && cp swift_plt_startup.pth "$sp/" && echo "INSTALLED_BY=copy($sp)"
-}
-critic_setup() {
-  say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs), $(nproc) CPUs"
-  # shellcheck disable=SC1091
-  if ! source .gpu_kit/setup_device.sh >"$OUT/setup_kit.log" 2>&1; then
-    say "0 setup: FAILED to source .gpu_kit/setup_device.sh (see setup_kit.log); stopping"
-    return 1
+
+gpu_init() {
+  local name=$1 summary=$2 work=$3 budget=$4 min_gpus=$5 commands=${6:-megatron,swift,torchrun} rc
+  GPU_NAME=$name
+  GPU_TAG=${GPU_TAG:-$(echo "$name" | tr a-z A-Z)} # the verdict line's tag
+  if [ -n "${SWIFT_PLT_GPU_ENV:-}" ]; then
+    if [ ! -f "$SWIFT_PLT_GPU_ENV" ]; then
+      echo "SWIFT_PLT_GPU_ENV=$SWIFT_PLT_GPU_ENV is not a file; unset it or point it at the environment script" >&2
+      exit 2
+    fi
+    # shellcheck disable=SC1090
+    source "$SWIFT_PLT_GPU_ENV" || { echo "sourcing SWIFT_PLT_GPU_ENV=$SWIFT_PLT_GPU_ENV failed" >&2; exit 2; }
   fi
-  install_plugin >"$OUT/pip_install.log" 2>&1
-  say "0 setup: plugin $(grep -o 'INSTALLED_BY=.*' "$OUT/pip_install.log" | tail -1); $(now)"
-  python3 .gpu_kit/make_tiny_llama.py --out "$W/tiny" --max-pos 2048 >"$OUT/make_tiny.log" 2>&1
-  python3 tests/harness/critic_rows.py "$W/reward.jsonl" reward 512 &&
-    python3 tests/harness/critic_rows.py "$W/returns.jsonl" returns 256 &&
-    python3 -c "import sys; sys.path.insert(0, 'tests'); from harness.tiny import make_tiny_critic
-make_tiny_critic('$W/critic', '$W/tiny/model', head_std=0.05)" >"$OUT/make_critic.log" 2>&1
-  say "0 data: rc=$? tiny model $(grep -E '^model:' "$OUT/make_tiny.log" | head -1); $(now)"
+  OUT=${OUT:-$GPU_START_DIR/gpu_results/$name}
+  mkdir -p "$OUT" || { echo "cannot create OUT=$OUT" >&2; exit 2; }
+  OUT=$(cd "$OUT" && pwd)
+  export OUT
+  cd "$REPO" || exit 2
+  SUM=$OUT/$summary
+  : >"$SUM"
+  BUDGET=${BUDGET:-$budget}
+  T0=$SECONDS
+  CHECKS_N=0
+  CHECKS_OK=0
+  CHECKS_FAILED=()
+  CHECKS_SKIPPED=()
+  local rev='(no git)' # only this tree's own git (a copy inside another checkout must not report that one's HEAD)
+  if [ "$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null)" = "$REPO" ]; then
+    rev=$(git -C "$REPO" rev-parse --short HEAD)
+    git -C "$REPO" diff --quiet HEAD 2>/dev/null || rev="$rev+dirty"
+  fi
+  say "== swift-plt $name, $(date -u +%FT%TZ), repo $rev; results in $OUT"
+  local dry=()
+  if [ "${SWIFT_PLT_GPU_DRY_RUN:-0}" = 1 ]; then
+    if [ -n "${GPU_CUDA_ONLY:-}" ]; then
+      say "$GPU_TAG: SKIP (no dry run: $GPU_CUDA_ONLY)"
+      exit 0
+    fi
+    dry=(--dry-run)
+    gpu_dry_run_env
+  fi
+  (cd / && python3 "$REPO/tests/gpu/prereq.py" --repo "$REPO" --commands "$commands" "${dry[@]}") >"$OUT/prereq.log" 2>&1
+  rc=$?
+  grep -E '^(ok|WARN|MISSING) ' "$OUT/prereq.log" | sed 's/^/   /' | tee -a "$SUM"
+  NGPU=$(grep -o '^NGPU=[0-9]*' "$OUT/prereq.log" | cut -d= -f2)
+  if [ $rc != 0 ] || [ -z "$NGPU" ]; then
+    [ -n "$NGPU" ] || tail -5 "$OUT/prereq.log" | sed 's/^/   | /' | tee -a "$SUM"
+    say "$GPU_TAG: SETUP FAILED (prerequisites above; log $OUT/prereq.log)"
+    exit 2
+  fi
+  if [ "${SWIFT_PLT_GPU_DRY_RUN:-0}" = 1 ]; then
+    NGPU=${GPU_NGPU_ENV:-1}
+  elif [ -n "$GPU_NGPU_ENV" ] && [ "$GPU_NGPU_ENV" -lt "$NGPU" ]; then
+    NGPU=$GPU_NGPU_ENV
+  fi
+  export NGPU
+  GPU_VISIBLE=${CUDA_VISIBLE_DEVICES-}
+  say "machine: $NGPU GPU(s) used of $(grep -o '[0-9]* GPU(s) visible.*' "$OUT/prereq.log" || echo 'none (dry run)'), $(getconf _NPROCESSORS_ONLN) CPUs"
+  if [ "$NGPU" -lt "$min_gpus" ]; then
+    say "SKIP: $name needs $min_gpus GPUs, $NGPU visible"
+    say "$GPU_TAG: SKIP (needs $min_gpus GPUs)"
+    exit 0
+  fi
+  case $work in /*) W=$work ;; *) W=$GPU_START_DIR/$work ;; esac
+  rm -rf "$W"
+  mkdir -p "$W/runs"
+}
+
+gpu_dry_run_env() { # the test harness in every Python process, CPU flags appended to every megatron command
+  local cpu_args
+  export SWIFT_PLT_CPU_HARNESS=1 PYTHONPATH=$REPO/tests/harness/site${PYTHONPATH:+:$PYTHONPATH}
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 MODELSCOPE_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  cpu_args=$(cd "$REPO/tests" && python3 -c "from harness.cli import CPU_MEGATRON_ARGS; print(' '.join(CPU_MEGATRON_ARGS))")
+  export EXTRA_PT_ARGS="${EXTRA_PT_ARGS:-} $cpu_args" EXTRA_SFT_ARGS="${EXTRA_SFT_ARGS:-} $cpu_args"
+  export ENGINE_DTYPE=${ENGINE_DTYPE:-fp32} ENGINE_MG_KWARGS=${ENGINE_MG_KWARGS:-'{"use_cpu_initialization": true, "attention_backend": "unfused", "ddp_backend": "gloo", "perform_initialization": true, "use_distributed_optimizer": false}'}
+}
+
+dev() { # dev 0 | dev 0,1: CUDA_VISIBLE_DEVICES for the script's GPU indices
+  local vis=${GPU_VISIBLE:-} out=() i ids idx
+  if [ -z "$vis" ]; then
+    echo "$1"
+    return
+  fi
+  IFS=, read -r -a ids <<<"$vis"
+  IFS=, read -r -a idx <<<"$1"
+  for i in "${idx[@]}"; do out+=("${ids[$i]}"); done
+  (IFS=,; echo "${out[*]}")
+}
+
+check() { # check LABEL RC
+  CHECKS_N=$((CHECKS_N + 1))
+  if [ "$2" = 0 ]; then CHECKS_OK=$((CHECKS_OK + 1)); else CHECKS_FAILED+=("$1"); fi
+}
+skip() { # skip LABEL WHY
+  CHECKS_SKIPPED+=("$1")
+  say "SKIP: $1 ($2)"
+}
+finish() { # finish: the verdict line, then exit
+  local tag=$GPU_TAG extra='' failed
+  [ ${#CHECKS_SKIPPED[@]} -gt 0 ] && extra="; skipped: $(printf '%s, ' "${CHECKS_SKIPPED[@]}")" && extra=${extra%, }
+  if [ "$CHECKS_N" -gt 0 ] && [ "$CHECKS_OK" = "$CHECKS_N" ]; then
+    say "$tag: OK ($CHECKS_OK/$CHECKS_N$extra); $(now)"
+    exit 0
+  fi
+  failed=$(printf '%s, ' "${CHECKS_FAILED[@]}")
+  say "$tag: FAIL ($CHECKS_OK/$CHECKS_N; failed: ${failed%, }$extra); $(now)"
+  exit 1
+}
+
+make_tiny() { # make_tiny DIR [make_tiny.py flags]: DIR/model, DIR/data/train.jsonl; log $OUT/make_tiny.log
+  local dir=$1
+  shift
+  python3 tests/gpu/make_tiny.py --out "$dir" --max-pos 2048 "$@" >"$OUT/make_tiny.log" 2>&1
+}
+
+critic_setup() {
+  make_tiny "$W/tiny" --critic "$W/critic" --head-std 0.05 &&
+    python3 tests/harness/critic_rows.py "$W/reward.jsonl" reward 512 &&
+    python3 tests/harness/critic_rows.py "$W/returns.jsonl" returns 256
+  local rc=$?
+  say "0 setup: rc=$rc tiny $(grep -E '^model:' "$OUT/make_tiny.log" | head -1), critic $W/critic; $(now)"
+  [ $rc = 0 ] || tail -3 "$OUT/make_tiny.log" | sed 's/^/   | /' | tee -a "$SUM"
+  return $rc
 }

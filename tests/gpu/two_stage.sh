@@ -1,41 +1,27 @@
 #!/usr/bin/env bash
-# The two-stage PLT recipe end to end on one GPU (device kind nvidia-h200, carry=['.gpu_kit']), from the repo root:
-#     bash tests/gpu/two_stage.sh                 (~4-5 min; summary: $OUT/two_stage_summary.txt)
-#   0. setup: source .gpu_kit/setup_device.sh; pip-install this repo; generated tiny Llama (examples/make_tiny_llama.py)
+# The two-stage PLT recipe end to end on one GPU, ~4-5 min (from anywhere; summary $OUT/two_stage_summary.txt, $OUT
+# default ./gpu_results/two_stage):
+#     bash tests/gpu/two_stage.sh
+#   0. the quickstarts' tiny Llama and data (swift-plt-make-tiny, the installed command)
 #   1. swift-plt-two-stage --tokens 737280 --patch_size 4 --lam 2/3 --max_length 256 --global_batch_size 8
-#      --stage1_batch sequences (as recorded in RESULTS.md, before the default became G/K sequences per stage-1 step):
+#      --stage1_batch sequences (G sequences per stage-1 step, so the step counts are small and round):
 #      stage 1 K=4 at length 1024, 491520 tokens / 8192 per step = 60 steps; stage 2 K=1 at 256 from the stage-1
 #      weights (fresh optimizer + LR schedule), 245760 / 2048 = 120 steps; vanilla export -> $W/run/hf
-#   2. rerun of the same command: must skip both stages and the export (resume state machine)
-#   3. plain transformers loads the export with swift-plt disabled (model_type llama, no patch_size, no auto_map)
-#   4. tests/gpu/export_logits.py: export logits vs the stage-2 Megatron checkpoint (bf16 as trained, and fp32)
-# Checks: every command rc=0, the loss falls in both stages (mean of the last 5 logged < mean of the first 5).
-# env: PLT_WORK (scratch, default /tmp/plt_two_stage).
+#   2. the loss falls in both stages (mean of the last 5 logged < mean of the first 5), with the planned step counts
+#   3. rerun of the same command: must skip both stages and the export (resume state machine)
+#   4. plain transformers loads the export with swift-plt disabled (model_type llama, no patch_size, no auto_map)
+#   5. tests/gpu/export_logits.py: export logits vs the stage-2 Megatron checkpoint (bf16 as trained, and fp32)
+# Last line "TWO_STAGE: OK|FAIL (n/m)". env: OUT, PLT_WORK (scratch dir), EXTRA_PT_ARGS (appended to the recipe
+# command: `megatron pt` flags of both stages), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh).
 set -o pipefail
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$REPO" || exit 1
-OUT=${OUT:-/tmp/plt_gpu_out}
-mkdir -p "$OUT"
-SUM=$OUT/two_stage_summary.txt
-: >"$SUM"
-W=${PLT_WORK:-/tmp/plt_two_stage}
-rm -rf "$W"
-mkdir -p "$W"
-T0=$SECONDS
-say() { echo "$*" | tee -a "$SUM"; }
-now() { echo "t=$((SECONDS - T0))s"; }
-FAIL=0
-
-say "== swift-plt two-stage recipe on GPU, $(date -u +%FT%TZ), repo $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')"
-say "machine: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) CPUs"
 # shellcheck disable=SC1091
-source .gpu_kit/setup_device.sh >"$OUT/two_stage_setup.log" 2>&1 || { say "setup: FAILED (two_stage_setup.log)"; exit 1; }
-python3 -m pip install --no-deps --no-build-isolation --no-index . >>"$OUT/two_stage_setup.log" 2>&1 ||
-  python3 -m pip install --no-deps --no-build-isolation --no-index --break-system-packages . >>"$OUT/two_stage_setup.log" 2>&1 ||
-  { say "setup: pip install . FAILED (two_stage_setup.log)"; exit 1; }
-command -v swift-plt-two-stage >/dev/null || { say "setup: swift-plt-two-stage not on PATH"; exit 1; }
-python3 examples/make_tiny_llama.py "$W/tiny" >>"$OUT/two_stage_setup.log" 2>&1 || { say "setup: tiny model FAILED"; exit 1; }
-say "0 setup ok; $(now)"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+gpu_init two_stage two_stage_summary.txt "${PLT_WORK:-/tmp/swift_plt_gpu/two_stage}" 600 1 \
+  megatron,swift,torchrun,swift-plt-two-stage,swift-plt-make-tiny
+swift-plt-make-tiny "$W/tiny" >"$OUT/two_stage_setup.log" 2>&1
+rc=$?
+say "0 setup: swift-plt-make-tiny rc=$rc; $(now)"
+[ $rc = 0 ] || { tail -3 "$OUT/two_stage_setup.log" | sed 's/^/   | /' | tee -a "$SUM"; check setup 1; finish; }
 
 RECIPE=(swift-plt-two-stage --model "$W/tiny/model" --output_dir "$W/run" --tokens 737280 --patch_size 4 --lam 2/3
   --max_length 256 --global_batch_size 8 --stage1_batch sequences
@@ -43,17 +29,19 @@ RECIPE=(swift-plt-two-stage --model "$W/tiny/model" --output_dir "$W/run" --toke
   --torch_dtype bfloat16 --attention_backend fused --logging_steps 1 --save_steps 30 --seed 42
   --dataloader_num_workers 2 --dataset_num_proc 4
   --export_args "--torch_dtype bfloat16")
-export NPROC_PER_NODE=1 MASTER_PORT=29741 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+# shellcheck disable=SC2206
+RECIPE+=(${EXTRA_PT_ARGS:-}) # unknown flags go to `megatron pt` in both stages
+export NPROC_PER_NODE=1 MASTER_PORT=29741 CUDA_VISIBLE_DEVICES=$(dev 0)
 say "1 command: ${RECIPE[*]}"
 t=$SECONDS
 "${RECIPE[@]}" >"$OUT/two_stage_run.log" 2>&1
 rc=$?
 say "1 two-stage run: rc=$rc $((SECONDS - t))s; $(now)"
-[ $rc = 0 ] || FAIL=1
+check 1.run $rc
 sed -n '/^Two-stage PLT plan/,/compute vs token-level/p' "$OUT/two_stage_run.log" | tee -a "$SUM"
 grep -E '^\[(stage1|stage2|export|done)\]' "$OUT/two_stage_run.log" | tee -a "$SUM"
 
-python3 - "$W/run" "$SUM" <<'EOF' || FAIL=1
+python3 - "$W/run" "$SUM" <<'EOF'
 import json, os, sys
 run, summary = sys.argv[1], sys.argv[2]
 def losses(stage):
@@ -89,6 +77,7 @@ with open(summary, 'a') as f:
         f.write(x + '\n')
 sys.exit(0 if ok else 1)
 EOF
+check 2.losses $?
 
 t=$SECONDS
 "${RECIPE[@]}" >"$OUT/two_stage_rerun.log" 2>&1
@@ -96,14 +85,16 @@ rc=$?
 skipped=$(grep -c -E '^\[(stage[12]\] skip \(complete|export\] skip \(done)' "$OUT/two_stage_rerun.log")
 trained=$(grep -c "'iteration'" "$OUT/two_stage_rerun.log")
 say "3 rerun (resume state machine): rc=$rc $((SECONDS - t))s, steps skipped=$skipped (want 3), training log lines=$trained (want 0)"
-[ $rc = 0 ] && [ "$skipped" = 3 ] && [ "$trained" = 0 ] || FAIL=1
+[ $rc = 0 ] && [ "$skipped" = 3 ] && [ "$trained" = 0 ]
+check 3.rerun $?
 
 chk=$(cd /tmp && SWIFT_PLT_DISABLE=1 python3 -m swift_plt.recipe.export --check "$W/run/hf" 2>&1)
 rc=$?
 chk=$(echo "$chk" | tail -1)
 say "4 plain transformers (plugin disabled) loads the export: rc=$rc $chk"
 say "4 export config.json: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print({k: c.get(k) for k in ('model_type', 'architectures', 'patch_size', 'auto_map', 'dtype', 'torch_dtype')})" "$W/run/hf/config.json" 2>&1)"
-echo "$chk" | grep -q LlamaForCausalLM || FAIL=1
+echo "$chk" | grep -q LlamaForCausalLM
+check 4.plain-transformers $?
 
 ck=$(ls -d "$W"/run/stage2_token/checkpoint-120 2>/dev/null)
 python3 tests/gpu/export_logits.py --hf "$W/run/hf" --checkpoint "${ck:-missing}" --source "$W/tiny/model" \
@@ -111,9 +102,8 @@ python3 tests/gpu/export_logits.py --hf "$W/run/hf" --checkpoint "${ck:-missing}
 rc=$?
 grep '^EXPORT_LOGITS' "$OUT/two_stage_export_logits.log" | sed 's/^/5 /' | tee -a "$SUM"
 say "5 export_logits.py: rc=$rc"
-[ $rc = 0 ] || FAIL=1
+check 5.export-logits $rc
 
 cp "$W/run/plan.json" "$OUT/two_stage_plan.json" 2>/dev/null
 for s in stage1_patch stage2_token; do cp "$W/run/$s/logging.jsonl" "$OUT/two_stage_$s.logging.jsonl" 2>/dev/null; done
-say "== $([ $FAIL = 0 ] && echo PASS || echo FAIL), $(now)"
-exit $FAIL
+finish
