@@ -16,13 +16,13 @@
 #     d. parity.py: the Megatron PLT model vs PatchTrain's formula on HF LlamaForCausalLM, K=1 vs stock GPT
 #        (random init and after a.'s 60 steps)
 #     e. benchmarks/loss/plt_loss_bench.py (time and memory of the PLT loss vs megatron's cross entropy)
-#     f. (if >= TPS_MIN_LEFT s remain and SKIP_TPS != 1) benchmarks/throughput/tokens_per_s.sh (1B-shaped model,
-#        K=4 vs K=1)
+#     f. (a benchmark: only with RUN_TPS=1 and >= TPS_MIN_LEFT s left) benchmarks/throughput/tokens_per_s.sh
+#        (1B-shaped model, K=4 vs K=1)
 #   2-GPU part: b. TP=2 and PP=2 against a 1-GPU reference run (same data/seed/global batch, 10 iters): step-1 loss
 #     within 5e-3 and falling curves. With one GPU: a SKIP line.
 # Budget: BUDGET seconds in all (default 560: the sequence takes ~5 min on an H100/H200; a step past its cap is
 # killed whole, not waited for). env: OUT, BUDGET, NGPU (use only the first n GPUs), PHASE1_CAP/PHASE2_CAP/PHASE3_CAP
-# (s), SKIP_TPS=1, TPS_MIN_LEFT (s), PLT_WORK (scratch dir, emptied), EXTRA_PT_ARGS (appended to every `megatron pt`;
+# (s), RUN_TPS=1, TPS_MIN_LEFT (s), PLT_WORK (scratch dir, emptied), EXTRA_PT_ARGS (appended to every `megatron pt`;
 # the last flag wins), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh).
 set -o pipefail
 set -m # every background job gets its own process group, so a job past its deadline can be killed whole
@@ -185,7 +185,7 @@ fi
 # ------------------------------------------------------------------------------------- 4. tokens/s (optional)
 if [ "$DRY" = 1 ]; then
   skip f.tokens-per-s "dry run: CUDA only"
-elif [ "${SKIP_TPS:-0}" != 1 ] && [ "$(left)" -ge "${TPS_MIN_LEFT:-180}" ]; then
+elif [ "${RUN_TPS:-0}" = 1 ] && [ "$(left)" -ge "${TPS_MIN_LEFT:-180}" ]; then
   say "== 1-GPU part: f. tokens/s, 1B-shaped Llama, K=4 S=8192 vs K=1 S=2048 (benchmarks/throughput/tokens_per_s.sh), $(now)"
   run_tps() {
     TPS_WORK=$W/tps TINY_MODEL=$TINY/model GPU_K4=$(dev 0) GPU_K1=$(dev "$G1") \
@@ -199,7 +199,7 @@ elif [ "${SKIP_TPS:-0}" != 1 ] && [ "$(left)" -ge "${TPS_MIN_LEFT:-180}" ]; then
   grep -E '^TPS' "$OUT/tokens_per_s.log" | tee -a "$SUM"
   check f.tokens-per-s "$(cat "$W/tps.rc" 2>/dev/null || echo killed)"
 else
-  skip f.tokens-per-s "SKIP_TPS=${SKIP_TPS:-0}; $(left) s of the budget left, needs ${TPS_MIN_LEFT:-180}"
+  skip f.tokens-per-s "a benchmark: RUN_TPS=1 runs it (${TPS_MIN_LEFT:-180} s needed, $(left) s left)"
 fi
 
 say "== done, $(now), logs in $OUT: $(ls "$OUT" | wc -l) files"
