@@ -1,7 +1,8 @@
 """Random-init HF Llama models of the quality benchmark (tied embeddings, bf16 safetensors, fixed seed).
 
-    python benchmarks/quality/make_models.py TOKENIZER_DIR OUT_DIR SIZE [SIZE ...]     # SIZE in SIZES
-Prints one JSON line per model: its dir and parameter counts.
+    python benchmarks/quality/make_models.py TOKENIZER_DIR OUT_DIR SIZE[@SEED] [...]     # SIZE in SIZES
+SEED: the torch seed of the init (default 0, the models of every call before run seeds): OUT_DIR/SIZE, or
+OUT_DIR/SIZE@SEED for another seed. Prints one JSON line per model: its dir and parameter counts.
 """
 import json
 import os
@@ -36,10 +37,12 @@ def make(tok_dir, out, size, seed=0):
     emb = model.model.embed_tokens.weight.numel()
     return {'size': size, 'dir': out, 'params': total, 'embedding_params': emb, 'non_embedding_params': total - emb,
             'hidden': hidden, 'layers': layers, 'heads': heads, 'kv_heads': kv, 'ffn': ffn, 'vocab': len(tok),
-            'tied_embeddings': True}
+            'tied_embeddings': True, 'init_seed': seed}
 
 
 if __name__ == '__main__':
     tok_dir, out = sys.argv[1], sys.argv[2]
-    for s in sys.argv[3:]:
-        print(json.dumps(make(tok_dir, os.path.join(out, s), s)), flush=True)
+    for spec in sys.argv[3:]:
+        size, _, seed = spec.partition('@')
+        m = make(tok_dir, os.path.join(out, spec), size, int(seed or 0))
+        print(json.dumps(dict(m, key=spec)), flush=True)

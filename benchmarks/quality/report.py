@@ -2,6 +2,9 @@
 
     python benchmarks/quality/report.py WORK OUT      -> OUT/results.json, OUT/results.md, OUT/quality.png
 
+One row per job (size, run, N, seed; jobs.py) with its status: a job that did not finish (not started, killed at
+the deadline, failed) has no held-out loss. Older meta.json files (one N, seed 42, runs/SIZE_RUN) read the same.
+
 Compute per model position (a token at K=1, a patch at K=4; a stage-1 row of K*T tokens is T positions):
     F = 6 * (P_nonemb + V*H)  +  6 * layers * H * T        (dense matmuls incl. the LM head; causal attention)
 so a run's FLOPs = F * (positions of stage 1 + positions of stage 2); the ratio to (a) is the plan's
@@ -25,9 +28,25 @@ def read_jsonl(path):
     return out
 
 
-def stage_dirs(work, size, run):
-    base = os.path.join(work, 'runs', f'{size}_{run}')
-    if run == 'a':
+def meta_jobs(meta):
+    """The jobs of a call: meta['jobs'] (run.py with several N and seeds), else those of an older meta.json (one N,
+    seed 42, run dirs SIZE_RUN, eval names SIZE_RUN)."""
+    if 'jobs' in meta:
+        return meta['jobs']
+    out = []
+    for size in meta['sizes']:
+        for run in meta['runs']:
+            v = meta.get('variants', {}).get(run)
+            K, G1 = run_shape(meta, run)
+            out.append({'id': f'{size}_{run}', 'size': size, 'run': run, 'N': meta['N'], 'seed': 42, 'status': None,
+                        'dir': None, 'a_iters': meta['a_iters'], 'K': K, 'G1': G1 if run != 'a' else None,
+                        'plan': v.get('plan') if v else None})
+    return out
+
+
+def stage_dirs(work, job):
+    base = os.path.join(work, 'runs', job['id'])
+    if job['run'] == 'a':
         return [('token', os.path.join(base, 'token'))]
     return [('patch', os.path.join(base, 'stage1_patch')), ('token', os.path.join(base, 'stage2_token'))]
 
@@ -45,59 +64,68 @@ def main():
     meta = json.load(open(os.path.join(out, 'meta.json')))
     evals = {e['name']: e for e in read_jsonl(os.path.join(out, 'eval.jsonl'))}
     T, G = meta['T'], meta['G']
-    rows, curves = [], {}
-    for size in meta['sizes']:
+    rows = []
+    for job in meta_jobs(meta):
+        size, run = job['size'], job['run']
         m = meta['models'][size]
         F = 6 * (m['non_embedding_params'] + m['vocab'] * m['hidden']) + 6 * m['layers'] * m['hidden'] * T
-        a_flops = F * meta['a_iters'] * G * T
-        for run in meta['runs']:
-            K, G1 = run_shape(meta, run)
-            stages, x0, g0, toks, gpu, steps = [], 0.0, 0.0, 0, 0.0, []
-            for kind, d in stage_dirs(work, size, run):
-                L = T * (K if kind == 'patch' else 1)
-                Gs = G1 if kind == 'patch' else G
-                logs = [x for x in read_jsonl(os.path.join(d, 'logging.jsonl')) if 'loss' in x]
-                timing = json.load(open(os.path.join(d, 'gpu_time.json'))) if os.path.exists(
-                    os.path.join(d, 'gpu_time.json')) else {}
-                steps_s = timing.get('step_seconds', [])
-                cum = [sum(steps_s[:i + 1]) for i in range(len(steps_s))]
-                pts = []
-                for x in logs:
-                    it = int(str(x['iteration']).split('/')[0])
-                    n_it = int(str(x['iteration']).split('/')[1])
-                    gs = g0 + (cum[it - 1] if it - 1 < len(cum) else float('nan'))
-                    pts.append((x0 + F * it * Gs * T / a_flops, gs, x['loss']))
-                n = int(str(logs[-1]['iteration']).split('/')[1]) if logs else 0
-                # the last step is logged only at a multiple of --logging_steps; gpu_lock counts every step
-                done = bool(logs) and (int(str(logs[-1]['iteration']).split('/')[0]) == n or
-                                       timing.get('iterations') == n)
-                if not done:  # steps reached (logged)
-                    n = int(str(logs[-1]['iteration']).split('/')[0]) if logs else 0
-                stages.append({'kind': kind, 'dir': d, 'iterations': n, 'complete': done, 'seq_length': L,
-                               'tokens': n * Gs * L, 'positions': n * Gs * T, 'global_batch_size': Gs,
-                               'train_seconds': sum(steps_s) or None,
-                               'lock_held_seconds': timing.get('train_seconds'),
-                               'save_seconds': timing.get('save_seconds'),
-                               'lock_wait_seconds': timing.get('lock_wait_seconds'),
-                               'tokens_per_s': n * Gs * L / sum(steps_s) if steps_s else None,
-                               'positions_per_s': n * Gs * T / sum(steps_s) if steps_s else None,
-                               'final_train_loss': logs[-1]['loss'] if logs else None, 'points': pts})
-                x0 += F * n * Gs * T / a_flops
-                g0 += sum(steps_s)
-                toks += n * Gs * L
-                gpu += sum(steps_s)
-            if not all(st['complete'] and st['train_seconds'] for st in stages):
-                gpu = None  # a stage did not finish (or has no timing): no total
-            e = evals.get(f'{size}_{run}', {})
-            e1 = evals.get(f'{size}_{run}_stage1', {})
-            rows.append({'run': run, 'size': size, 'params': m['params'], 'non_embedding_params':
-                         m['non_embedding_params'], 'tokens': toks, 'tokens_per_param': toks / m['params'],
-                         'gpu_seconds': gpu, 'flops': x0 * a_flops, 'flop_ratio': x0, 'heldout_loss': e.get('loss'),
-                         'ppl': e.get('ppl'), 'stage1_heldout_loss': e1.get('loss'), 'stage1_ppl': e1.get('ppl'),
-                         'eval_error': e.get('error'), 'stages': stages,
-                         'init_heldout_loss': evals.get(f'{size}_init', {}).get('loss')})
+        a_flops = F * job['a_iters'] * G * T  # token-level training on the job's N
+        K, G1 = job['K'], job['G1']
+        stages, x0, g0, toks, gpu = [], 0.0, 0.0, 0, 0.0
+        for kind, d in stage_dirs(work, job):
+            L = T * (K if kind == 'patch' else 1)
+            Gs = G1 if kind == 'patch' else G
+            logs = [x for x in read_jsonl(os.path.join(d, 'logging.jsonl')) if 'loss' in x]
+            timing = json.load(open(os.path.join(d, 'gpu_time.json'))) if os.path.exists(
+                os.path.join(d, 'gpu_time.json')) else {}
+            steps_s = timing.get('step_seconds', [])
+            cum = [sum(steps_s[:i + 1]) for i in range(len(steps_s))]
+            pts = []
+            for x in logs:
+                it = int(str(x['iteration']).split('/')[0])
+                gs = g0 + (cum[it - 1] if it - 1 < len(cum) else float('nan'))
+                pts.append((x0 + F * it * Gs * T / a_flops, gs, x['loss']))
+            n = int(str(logs[-1]['iteration']).split('/')[1]) if logs else 0
+            # the last step is logged only at a multiple of --logging_steps; gpu_lock counts every step
+            done = bool(logs) and (int(str(logs[-1]['iteration']).split('/')[0]) == n or
+                                   timing.get('iterations') == n)
+            if not done:  # steps reached (logged)
+                n = int(str(logs[-1]['iteration']).split('/')[0]) if logs else 0
+            stages.append({'kind': kind, 'dir': d, 'iterations': n, 'complete': done, 'seq_length': L,
+                           'tokens': n * Gs * L, 'positions': n * Gs * T, 'global_batch_size': Gs,
+                           'train_seconds': sum(steps_s) or None,
+                           'lock_held_seconds': timing.get('train_seconds'),
+                           'save_seconds': timing.get('save_seconds'),
+                           'lock_wait_seconds': timing.get('lock_wait_seconds'),
+                           'tokens_per_s': n * Gs * L / sum(steps_s) if steps_s else None,
+                           'positions_per_s': n * Gs * T / sum(steps_s) if steps_s else None,
+                           'final_train_loss': logs[-1]['loss'] if logs else None, 'points': pts})
+            x0 += F * n * Gs * T / a_flops
+            g0 += sum(steps_s)
+            toks += n * Gs * L
+            gpu += sum(steps_s)
+        if not all(st['complete'] and st['train_seconds'] for st in stages):
+            gpu = None  # a stage did not finish (or has no timing): no total
+        e = evals.get(job['id'], {})
+        e1 = evals.get(f"{job['id']}_stage1", {})
+        status = job.get('status') or ('done' if e.get('loss') is not None else 'not finished')
+        loss = e.get('loss') if status == 'done' else None  # a job that did not finish has no result
+        rows.append({'job': job['id'], 'run': run, 'size': size, 'N': job['N'], 'seed': job['seed'],
+                     'a_iters': job['a_iters'],
+                     'status': status, 'params': m['params'], 'non_embedding_params': m['non_embedding_params'],
+                     'tokens': toks, 'tokens_per_param': toks / m['params'], 'gpu_seconds': gpu,
+                     'flops': x0 * a_flops, 'flop_ratio': x0, 'heldout_loss': loss,
+                     'ppl': e.get('ppl') if loss is not None else None,
+                     'stage1_heldout_loss': e1.get('loss'), 'stage1_ppl': e1.get('ppl'),
+                     'eval_error': e.get('error'), 'stages': stages,
+                     'init_heldout_loss': evals.get(f'{size}_init', {}).get('loss')})
+
+    def baseline(r):  # (a) of the same size and N: the same seed, else the first seed run
+        same = [x for x in rows if x['size'] == r['size'] and x['run'] == 'a' and x['N'] == r['N']]
+        return next((x for x in same if x['seed'] == r['seed']), same[0] if same else None)
+
     for r in rows:
-        base = next((x for x in rows if x['size'] == r['size'] and x['run'] == 'a'), None)
+        base = baseline(r)
         r['gpu_ratio'] = r['gpu_seconds'] / base['gpu_seconds'] if base and base['gpu_seconds'] and \
             r['gpu_seconds'] else None
         r['loss_vs_a'] = (r['heldout_loss'] / base['heldout_loss'] - 1) if base and base['heldout_loss'] and \
@@ -105,40 +133,50 @@ def main():
     json.dump({'meta': meta, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'), indent=1, default=str)
 
     names = {r['run']: run_label(r['run']) for r in rows}
+    lock = meta.get('gpu_lock', True)
+    gpu_name = 'GPU s' if lock else 'loop s (no GPU lock)'
 
     def f(v, fmt):
         return '—' if v is None else format(v, fmt)
 
-    lines = ['| run | model (params) | tokens (tokens/param) | steps (stage 1 + 2) | GPU s (ratio to a) | FLOP ratio '
-             '(plan) | held-out loss (vs a) | PPL | end of stage 1: held-out loss / PPL |',
-             '| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines = [f'| run | N | seed | model (params) | tokens (tokens/param) | steps (stage 1 + 2) | {gpu_name} (ratio to a) '
+             '| FLOP ratio (plan) | held-out loss (vs a) | PPL | end of stage 1: held-out loss / PPL |',
+             '| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
     for r in rows:
         m = meta['models'][r['size']]
         steps = ' + '.join(str(s['iterations']) for s in r['stages'])
+        loss = f(r['heldout_loss'], '.4f') if r['status'] == 'done' else r['status']
         lines.append(
-            f"| {names[r['run']]} | {r['size']} ({m['params'] / 1e6:.1f} M, {m['non_embedding_params'] / 1e6:.1f} M "
-            f"non-emb.) | {r['tokens'] / 1e6:.2f} M ({r['tokens_per_param']:.2f}) | {steps} | "
+            f"| {names[r['run']]} | {r['N']:,} | {r['seed']} | {r['size']} ({m['params'] / 1e6:.1f} M, "
+            f"{m['non_embedding_params'] / 1e6:.1f} M non-emb.) | {r['tokens'] / 1e6:.2f} M "
+            f"({r['tokens_per_param']:.2f}) | {steps} | "
             f"{f(r['gpu_seconds'], '.1f')} ({f(r['gpu_ratio'], '.3f')}) | {r['flop_ratio']:.4f} | "
-            f"{f(r['heldout_loss'], '.4f')} ({'—' if r['loss_vs_a'] is None else format(r['loss_vs_a'], '+.2%')}) | "
+            f"{loss} ({'—' if r['loss_vs_a'] is None else format(r['loss_vs_a'], '+.2%')}) | "
             f"{f(r['ppl'], '.2f')} | "
             + (f"{f(r['stage1_heldout_loss'], '.4f')} / {f(r['stage1_ppl'], '.1f')}" if r['run'] != 'a' else '—')
             + ' |')
     lines.append('')
-    lines.append('Per stage (GPU s = the sum of its training steps, alone on the GPU; the final checkpoint save is '
-                 'not counted): ')
+    lines.append('(vs a): against (a) of the same size, N and seed (else its first seed). Per stage ('
+                 + ('GPU s = the sum of its training steps, alone on the GPU' if lock else
+                    'loop s = the sum of its training steps; other runs trained at the same time (no GPU lock)')
+                 + '; the final checkpoint save is not counted): ')
     lines.append('')
-    lines.append('| run | stage | steps | tokens | GPU s | tokens/s | positions/s | final train loss | lock wait s |')
+    lines.append(f'| job | stage | steps | tokens | {gpu_name} | tokens/s | positions/s | final train loss | '
+                 'lock wait s |')
     lines.append('| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |')
     for r in rows:
         for s in r['stages']:
-            lines.append(f"| {r['size']} {r['run']} | {s['kind']} (L={s['seq_length']}) | {s['iterations']}"
+            lines.append(f"| {r['job']} | {s['kind']} (L={s['seq_length']}) | {s['iterations']}"
                          f"{'' if s['complete'] else ' (incomplete)'} | {s['tokens']:,} | {f(s['train_seconds'], '.1f')}"
                          f" | {f(s['tokens_per_s'], ',.0f')} | {f(s['positions_per_s'], ',.0f')} | "
                          f"{f(s['final_train_loss'], '.4f')} | {f(s['lock_wait_seconds'], '.0f')} |")
-    init = ', '.join(f"{r['size']}: {r['init_heldout_loss']:.3f}" for r in rows if r['run'] == 'a' and
-                     r['init_heldout_loss'] is not None)
+    init = ', '.join(f"{s}: {evals[f'{s}_init']['loss']:.3f}" for s in meta['sizes'] if
+                     evals.get(f'{s}_init', {}).get('loss') is not None)
     lines.append('')
-    lines.append(f'Held-out loss of the random-init models: {init or "—"}.')
+    lines.append(f'Held-out loss of the random-init models (seed 42): {init or "—"}.')
+    unfinished = [f"{r['job']} ({r['status']})" for r in rows if r['status'] != 'done']
+    if unfinished:
+        lines.append(f"Not finished (no result): {', '.join(unfinished)}.")
     if meta.get('failed'):
         lines.append(f"Failed steps: {meta['failed']}")
     md = '\n'.join(lines) + '\n'
@@ -153,38 +191,60 @@ def main():
         print('matplotlib missing: no plot')
         return
     sizes = meta['sizes']
+    first = meta.get('seeds', [42])[0]
+    shown = [r for r in rows if r['seed'] == first]  # curves of the first seed only
+    n_ref = max(r['a_iters'] for r in rows)  # x: FLOPs / FLOPs of (a) on the largest N
+    series = list(dict.fromkeys((r['run'], r['N']) for r in shown))
+    base_colors = {'a': 'tab:blue', 'b': 'tab:orange', 'c': 'tab:green'}
+    one_n = len({r['N'] for r in rows}) == 1
+    colors = {}
+    for i, (run, n) in enumerate(series):
+        colors[(run, n)] = base_colors[run] if one_n and run in base_colors else f'C{i % 10}'
+
+    def label(r):
+        if one_n:
+            return names[r['run']]
+        n = f"{r['N'] / 1e6:g}M" if r['N'] >= 10**6 else f"{r['N']:,}"
+        return names[r['run']].replace(', N', f', N={n}').replace(', 2N', f', 2N (N={n})')
+
     fig, axes = plt.subplots(2, len(sizes), figsize=(6.5 * len(sizes), 9), squeeze=False)
-    colors = {'a': 'tab:blue', 'b': 'tab:orange', 'c': 'tab:green'}
-    for i, run in enumerate(x for x in meta['runs'] if x not in colors):  # sweep variants
-        colors[run] = f'C{3 + i % 7}'
     for j, size in enumerate(sizes):
         for i, xkey in enumerate((0, 1)):
             ax = axes[i][j]
-            for r in [x for x in rows if x['size'] == size]:
-                c = colors[r['run']]
+            for r in [x for x in shown if x['size'] == size]:
+                c = colors[(r['run'], r['N'])]
+                scale = r['a_iters'] / n_ref if xkey == 0 else 1.0
+
+                def X(p):
+                    return p[xkey] * scale  # noqa: B023 -- used inside this iteration only
+
                 for s in r['stages']:
                     pts = [p for p in s['points'] if p[xkey] == p[xkey]]
                     if not pts:
                         continue
-                    ax.plot([p[xkey] for p in pts], [p[2] for p in pts], color=c,
+                    ax.plot([X(p) for p in pts], [p[2] for p in pts], color=c,
                             ls='--' if s['kind'] == 'patch' else '-', lw=1.3,
-                            label=names[r['run']] + (' stage 1 (patch loss)' if s['kind'] == 'patch' else
-                                                     (' stage 2' if r['run'] != 'a' else '')))
+                            label=label(r) + (' stage 1 (patch loss)' if s['kind'] == 'patch' else
+                                              (' stage 2' if r['run'] != 'a' else '')))
                 if r['run'] != 'a' and r['stages'][0]['points']:
-                    sw = r['stages'][0]['points'][-1][xkey]
+                    sw = X(r['stages'][0]['points'][-1])
                     ax.axvline(sw, color=c, ls=':', lw=1)
                     if r['stage1_heldout_loss'] is not None:
                         ax.plot([sw], [r['stage1_heldout_loss']], marker='o', mfc='none', color=c, ms=9)
                 last = [p for s in r['stages'] for p in s['points'] if p[xkey] == p[xkey]]
                 if r['heldout_loss'] is not None and last:
-                    ax.plot([last[-1][xkey]], [r['heldout_loss']], marker='*', color=c, ms=14)
-            ax.set_xlabel('training compute (FLOPs / FLOPs of run a)' if xkey == 0 else
-                          'GPU seconds (training loops, one at a time on the GPU)')
+                    ax.plot([X(last[-1])], [r['heldout_loss']], marker='*', color=c, ms=14)
+            ref = f"(a) on N = {n_ref * G * T:,}" if not one_n else 'run a'
+            ax.set_xlabel(f'training compute (FLOPs / FLOPs of {ref})' if xkey == 0 else
+                          ('GPU seconds (training loops, one at a time on the GPU)' if lock else
+                           'training-loop seconds (runs at the same time: no GPU lock)'))
             ax.set_ylabel('loss (nats/token)')
             m = meta['models'][size]
-            ax.set_title(f"{size}: {m['params'] / 1e6:.1f} M params, N = {meta['N']:,} tokens", fontsize=10)
-            ys = [p[2] for r in rows if r['size'] == size for st in r['stages'] for p in st['points']]
-            ys += [v for r in rows if r['size'] == size for v in (r['heldout_loss'], r['stage1_heldout_loss']) if v]
+            ns = sorted({r['N'] for r in shown if r['size'] == size})
+            ax.set_title(f"{size}: {m['params'] / 1e6:.1f} M params, N = {', '.join(f'{n:,}' for n in ns)} tokens"
+                         + (f' (seed {first})' if len(meta.get('seeds', [42])) > 1 else ''), fontsize=10)
+            ys = [p[2] for r in shown if r['size'] == size for st in r['stages'] for p in st['points']]
+            ys += [v for r in shown if r['size'] == size for v in (r['heldout_loss'], r['stage1_heldout_loss']) if v]
             if ys:
                 ax.set_ylim(min(ys) - 0.1, min(max(ys), min(ys) + 4) + 0.1)
             ax.grid(alpha=0.3)

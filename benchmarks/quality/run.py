@@ -1,29 +1,42 @@
 """Quality benchmark: does the two-stage PLT recipe reach token-level quality at about half the compute?
 
-    python benchmarks/quality/run.py --kit KIT --work W --out OUT [--sizes S M] [--tokens 10000000] ...
+    python benchmarks/quality/run.py --kit KIT --work W --out OUT [--sizes S M] [--tokens 10M [20M ...]]
+        [--runs a ah b c b_k2 ...] [--seeds 42 [43 ...]] [--jobs SIZE:RUN:N:SEED ...] [--no_gpu_lock] [--plan_only]
     (on a GPU machine: bash benchmarks/quality/run_gpu.sh, which calls this)
 
 Per model size (make_models.py), on the same train-document stream and the same held-out rows:
   (a) token-level baseline: `megatron pt --model_type llama --train_iters N/(G*T)`        (compute 1.0)
+  (a½) `ah`: (a) on N/2 tokens, the first half of (b)'s data                                (compute 0.5)
   (b) `swift-plt-two-stage --tokens N --patch_size 4 --lam 2/3`                             (compute ~0.5)
   (c) `swift-plt-two-stage --tokens 2N --patch_size 4 --lam 2/3`                            (compute ~1.0)
   sweeps: b/c at another K or λ, e.g. --runs a b b_k2 b_l12 (variants.py)
-All runs: the same T, global batch, peak LR, LR schedule shape (warm-up 5% of the steps, cosine to 10% of the peak;
-stage 2 a fresh schedule with the same peak, as in the paper), seed. Data (make_run_data.py): (a) trains on the
-stream's tokens [0, N); (b) stage 1 on [0, λN) cut into rows of K*T tokens, stage 2 on [λN, N) in rows of T tokens,
-so (a) and (b) see the same documents and no stage repeats the other's data; (c) likewise on [0, 2N) (one epoch).
-Every final model is exported to a plain HF Llama (swift-plt-export-vanilla, also for (a)) and so is the end of
-stage 1 of (b) and (c); eval_heldout.py scores them all with plain transformers.
+Several N (--tokens) and seeds (--seeds) make a run list of jobs (size, run, N, seed): jobs.py says which (the seed
+rule) and how each is named; the list, each job's steps and an estimate of its time are printed before anything
+starts (--plan_only: only that). All runs: the same T, global batch, peak LR, LR schedule shape (warm-up 5% of the
+steps, cosine to 10% of the peak; stage 2 a fresh schedule with the same peak, as in the paper). A job's seed sets
+megatron's --seed and --data_seed and its model's random init (jobs.init_seed). Data (make_run_data.py): (a) trains
+on the stream's tokens [0, N); (b) stage 1 on [0, λN) cut into rows of K*T tokens, stage 2 on [λN, N) in rows of T
+tokens, so (a) and (b) see the same documents and no stage repeats the other's data; (c) likewise on [0, 2N) (one
+epoch). One file per distinct cut, shared by every job (any size or seed) that trains on it. Every final model is
+exported to a plain HF Llama (swift-plt-export-vanilla, also for (a)) and so is the end of stage 1 of (b) and (c)
+(unless --no_stage1_export); eval_heldout.py scores the models of the jobs that finished, with plain transformers.
 
 GPU time: the runs start concurrently (start-up is CPU work) but their training loops take turns on the GPU
 (gpu_lock.py: an fcntl lock from the first to the last step), so each run's GPU seconds are its training loops
-alone on the GPU (`train_seconds`, summed over stages). Start-up, export and eval are not counted.
+alone on the GPU (`train_seconds`, summed over stages). Start-up, export and eval are not counted. --no_gpu_lock:
+the loops run at once (for quality-only calls such as the regime map: these sizes are host-bound); the seconds are
+then not GPU time alone.
+
+Deadline (--deadline, seconds from the start): a job starts only while time is left (on a GPU, only if its
+estimate fits in what is left); jobs start in jobs.start_order (first seed first, longest first); a step still running at the deadline is killed. A job
+that did not finish is reported with its status (not started / killed / failed), never with a loss.
 """
 import argparse
 import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +48,12 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 LR = {'tiny': 1e-3, 'XS': 2e-3, 'S': 1.4e-3, 'M': 1e-3}  # peak; ~1/sqrt(width), the same in every run of a size
 
 
+NOT_STARTED = 'not started (deadline)'
+KILLED = 'killed at the deadline'
+
+
 class Runner:
+    MIN_LEFT = 10  # seconds: no step starts with less left before the deadline
 
     def __init__(self, a, t0):
         self.a = a
@@ -56,17 +74,21 @@ class Runner:
             env = harness_env()
         else:
             env = dict(os.environ, OMP_NUM_THREADS='2')  # up to 9 runs start at once on 16 cores
-        env.update({'NPROC_PER_NODE': '1', 'MASTER_PORT': str(port), 'QUAL_GPU_LOCK': os.path.join(self.a.work,
-                                                                                                     'gpu.lock')})
+        env.update({'NPROC_PER_NODE': '1', 'MASTER_PORT': str(port)})
+        if not self.a.no_gpu_lock:
+            env['QUAL_GPU_LOCK'] = os.path.join(self.a.work, 'gpu.lock')
+        else:
+            env.pop('QUAL_GPU_LOCK', None)
         return env
 
     def run(self, name, cmd, log):
+        """0 or the exit code; NOT_STARTED when less than MIN_LEFT s are left; KILLED when the deadline stopped it."""
         os.makedirs(os.path.dirname(log), exist_ok=True)
         t = time.time()
         left = self.deadline - t
-        if left < 10:
-            self.failed.append(f'{name}: not started (deadline)')
-            return 1
+        if left < self.MIN_LEFT:
+            self.failed.append(f'{name}: {NOT_STARTED}')
+            return NOT_STARTED
         with open(log, 'w') as f:
             f.write('$ ' + shlex.join(cmd) + '\n')
             f.flush()
@@ -78,19 +100,28 @@ class Runner:
                 rc = p.wait(timeout=left)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
-                rc = -9
+                p.wait()
+                rc = KILLED
         dt = time.time() - t
         self.timeline.append({'name': name, 'start': t, 'seconds': dt, 'rc': rc})
         print(f'[{time.strftime("%H:%M:%S")}] {name}: rc={rc} {dt:.0f}s', flush=True)
         if rc != 0:
-            self.failed.append(f'{name}: rc={rc} (log {log})')
+            self.failed.append(f'{name}: {rc if rc == KILLED else f"rc={rc}"} (log {log})')
         return rc
 
 
-def megatron_common(a, size):
+def step_status(step, rc):
+    """None when the step succeeded, else why the job did not finish."""
+    if rc == 0:
+        return None
+    return f'{step} {rc}' if isinstance(rc, str) else f'{step} failed (rc={rc})'
+
+
+def megatron_common(a, size, seed):
     lr = a.lr or LR[size]
     args = ['--template', 'llama', '--packing', 'true', '--lr', str(lr),
-            '--min_lr', str(lr / 10), '--lr_decay_style', 'cosine', '--lr_warmup_fraction', '0.05', '--seed', '42',
+            '--min_lr', str(lr / 10), '--lr_decay_style', 'cosine', '--lr_warmup_fraction', '0.05', '--seed', str(seed),
+            '--data_seed', str(seed),
             '--logging_steps', str(a.logging_steps), '--save_steps', '100000', '--no_save_optim', 'true',
             '--no_save_rng', 'true', '--split_dataset_ratio', '0', '--check_model', 'false', '--dataset_num_proc',
             str(a.num_proc), '--dataloader_num_workers', '1', '--external_plugins',
@@ -118,162 +149,255 @@ def exe(name):
     return p if os.path.exists(p) else name
 
 
+def plan_call(a, make_plan, parse_tokens, train_tokens=None):
+    """The jobs of the call, each with its plan, data cuts, steps and estimate; the reserve start. Prints the list."""
+    import jobs as J
+    tokens = [parse_tokens(x) for x in a.tokens]
+    extra = [J.parse_job_spec(x, parse_tokens) for x in a.jobs]
+    job_list = J.expand(a.sizes, a.runs, tokens, a.seeds, a.all_seeds, extra)
+    if not job_list:
+        raise SystemExit('no runs: give --runs or --jobs')
+    T, G = a.seq, a.gbs
+    info = {}
+    for job in job_list:
+        try:
+            plan, cuts = J.job_plan(job, T, G, a.stage1_batch, make_plan)
+        except ValueError as e:
+            raise SystemExit(f'{J.job_id(job)}: {e}')
+        st = J.steps(job, T, G, plan)
+        info[job] = {'id': J.job_id(job), 'plan': plan, 'cuts': cuts, 'steps': st,
+                     'files': {k: J.file_name(c) for k, c in cuts.items()},
+                     'estimate_s': J.estimate_seconds(job, st)}
+    cuts = {J.file_name(c): c for i in info.values() for c in i['cuts'].values()}
+    reserve = J.reserve_start([c[0] + c[1] for c in cuts.values()],
+                              max(c[3] + int(c[1] * J.MARGIN) for c in cuts.values()), train_tokens,
+                              a.reserve_from, max(tokens) if tokens else None)
+    order = J.start_order(job_list, {j: info[j]['estimate_s'] for j in job_list})
+    est = [info[j]['estimate_s'] for j in order]
+    P = min(a.max_parallel or len(job_list), len(job_list))
+    lines = [(f'planned runs: {len(job_list)} (start order: first seed first, longest first); data: {len(cuts)} '
+              f'files, reserve from token {reserve:,}'), '| job | steps | est. s | data files |',
+             '| --- | ---: | ---: | --- |']
+    for j in order:
+        i = info[j]
+        lines.append(f"| {i['id']} | {' + '.join(map(str, i['steps']))} | {i['estimate_s']:.0f} | "
+                     f"{', '.join(i['files'].values())} |")
+    lines.append(f'estimate (H100 figures of jobs.py for T=512, G=32; meaningless on CPU): {sum(est):.0f} s of '
+                 f'pipelines alone; {P} at once in this order: {J.makespan(est, P):.0f} s + ~60 s of models and '
+                 f'data, if start-ups do not slow one another (measured up to 4 at once on 16 cores; 9 at once made '
+                 f'each 2-5x slower). Eval ~2 s a model. Deadline: {a.deadline:.0f} s.')
+    if not a.cpu:
+        _, late = J.makespan(est, P, a.deadline - 60)
+        lines.append('by this estimate, with ~60 s of models and data before the first job: '
+                     + (f"{len(late)} job(s) would not start before the deadline: "
+                        f"{', '.join(info[order[k]]['id'] for k in late)}" if late else 'every job starts in time'))
+    print('\n'.join(lines), flush=True)
+    return job_list, order, info, cuts, reserve
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--kit', required=True, help='prepare_data.py output (tokenizer, train_docs, heldout_ids)')
     ap.add_argument('--work', required=True)
     ap.add_argument('--out', required=True)
     ap.add_argument('--sizes', nargs='+', default=['XS', 'S', 'M'])
-    ap.add_argument('--tokens', type=int, default=10_000_000, help='N')
+    ap.add_argument('--tokens', nargs='+', default=['10000000'],
+                    help='N, one or more (integers, 1e7, 10M, 2.5M): every run of --runs at every N')
+    ap.add_argument('--seeds', nargs='+', type=int, default=[42],
+                    help='run seeds (--seed, --data_seed, model init); 42 first keeps earlier calls comparable. '
+                    '(a) takes only the first unless it is the (a½) of a (b) run of the call (jobs.py)')
+    ap.add_argument('--all_seeds', action='store_true', help='(a) too at every seed')
     ap.add_argument('--seq', type=int, default=512, help='T')
     ap.add_argument('--gbs', type=int, default=32)
     ap.add_argument('--mbs', type=int, default=32)
     ap.add_argument('--lr', type=float, default=None)
     ap.add_argument('--logging_steps', type=int, default=5)
     ap.add_argument('--num_proc', type=int, default=2)
-    ap.add_argument('--runs', nargs='+', default=['a', 'b', 'c'],
-                    help='a, b, c and sweep variants of b/c such as b_k2, b_k8, b_l12, c_l34 (variants.py)')
+    ap.add_argument('--runs', nargs='*', default=['a', 'b', 'c'],
+                    help='a, ah (= a on N/2), b, c and sweep variants of b/c such as b_k2, b_k8, b_l12, c_l34 '
+                    '(variants.py)')
+    ap.add_argument('--jobs', nargs='+', default=[], metavar='SIZE:RUN:N:SEED',
+                    help='single runs added to the cross product, e.g. tiny:b_k2:20000000:42')
     ap.add_argument('--stage1_batch', default='tokens', choices=['tokens', 'sequences'],
                     help="the recipe's --stage1_batch: stage 1 takes G/K sequences of K*T tokens per step (tokens, "
                     "the paper's set-up and the recipe's default) or G (sequences)")
     ap.add_argument('--deadline', type=float, default=420,
                     help='seconds from the start for models, data, all training and exports (then eval, report)')
     ap.add_argument('--max_parallel', type=int, default=0,
-                    help='pipelines (one run of one size) at once; 0 = all. Start-up is CPU-bound: 9 at once on 16 '
+                    help='pipelines (one job) at once; 0 = all. Start-up is CPU-bound: 9 at once on 16 '
                     'cores made each start-up 2-5x slower and the training steps slower too')
+    ap.add_argument('--no_gpu_lock', action='store_true',
+                    help='training loops run at once instead of one at a time (no GPU timing; quality only)')
+    ap.add_argument('--no_stage1_export', action='store_true',
+                    help='no HF export (and no held-out loss) of the end of stage 1: one launch less per (b)/(c)')
+    ap.add_argument('--reserve_from', default=None,
+                    help='first stream token of the reserve (default: 2 x the largest N, or the farthest cut when '
+                    'the stream is too short); give the same value to every call of one study')
+    ap.add_argument('--plan_only', action='store_true', help='print the run list and the estimate; run nothing')
     ap.add_argument('--cpu', action='store_true', help='CPU dry run through the test harness flags')
     a = ap.parse_args()
     sys.path.insert(0, REPO)
-    from swift_plt.recipe.plan import make_plan
+    sys.path.insert(0, HERE)
+    import jobs as J
     from variants import parse_run
+
+    from swift_plt.recipe.plan import make_plan, parse_tokens
+    if a.reserve_from is not None:
+        a.reserve_from = parse_tokens(a.reserve_from)
+    manifest = os.path.join(a.kit, 'manifest.json')
+    kit = {}
+    if os.path.exists(manifest):
+        with open(manifest) as f:
+            kit = json.load(f)
+    t0 = time.time()
+    job_list, order, info, cuts, reserve = plan_call(a, make_plan, parse_tokens, kit.get('train_tokens'))
+    if a.plan_only:
+        return 0
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
-    t0 = time.time()
-    N, T, G = a.tokens, a.seq, a.gbs
+    T, G = a.seq, a.gbs
+    sizes = list(dict.fromkeys(j.size for j in job_list))
 
-    # models
+    # models: one per size and init seed
+    keys = list(dict.fromkeys([J.model_key(s, J.FIRST_SEED) for s in sizes] +
+                              [J.model_key(j.size, j.seed) for j in job_list]))
     models = {}
     r = subprocess.run([sys.executable, os.path.join(HERE, 'make_models.py'), os.path.join(a.kit, 'tokenizer'),
-                        os.path.join(a.work, 'models'), *a.sizes], capture_output=True, text=True, check=True)
+                        os.path.join(a.work, 'models'), *keys], capture_output=True, text=True, check=True)
     for line in r.stdout.splitlines():
         if line.startswith('{'):
             m = json.loads(line)
-            models[m['size']] = m
+            models[m['key']] = m
     print(f'models: {json.dumps(models)}', flush=True)
 
-    # plans and data: one plan per two-stage run (its K and λ: variants.py)
-    variants = {run: parse_run(run) for run in a.runs}
-    budget = {run: N if base == 'b' else 2 * N for run, (base, _, _) in variants.items()}  # tokens of b, c runs
-    plans = {run: make_plan(budget[run], Kr, lam_r, seq_length=T, global_batch_size=G,
-                            stage1_batch=a.stage1_batch)
-             for run, (base, Kr, lam_r) in variants.items() if base != 'a'}
-    a_iters = N // (G * T)
-    specs, margin = [], 0.04
-
-    def spec(name, start, tokens, length, roff):
-        specs.append(f'{name}:{start}:{tokens}:{length}:{roff}')
-        return roff + int(tokens * margin)
-
-    for run, (base, Kr, _) in variants.items():  # the files of the runs asked for (same cuts as always)
-        if base == 'a':
-            spec('a', 0, N, T, 0)
-            continue
-        n, n1 = budget[run], plans[run].stage1.budget_tokens
-        spec(f'{run}2', n1, n - n1, T, spec(f'{run}1', 0, n1, Kr * T, 0))
+    # data: one file per distinct cut, one process per file
     data = os.path.join(a.work, 'data')
+    specs = [f'{name}:{c[0]}:{c[1]}:{c[2]}:{c[3]}' for name, c in cuts.items()]
     cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
-                                 str(2 * N), '--spec', sp, '--stats', f'data_stats_{sp.split(":")[0]}.json'])
-               for sp in specs]  # one process per file
+                                 str(reserve), '--margin', str(J.MARGIN), '--spec', sp, '--stats',
+                                 f'data_stats_{sp.split(":")[0]}.json']) for sp in specs]
     if any(p.wait() for p in cutters):
         raise SystemExit('make_run_data.py failed')
     print(f'data ready: {time.time() - t0:.0f}s', flush=True)
 
     runner = Runner(a, t0)
-    threads = []
+    status = {}
 
-    def pipeline(size, run):
-        m = models[size]
-        out = os.path.join(a.work, 'runs', f'{size}_{run}')
-        common = megatron_common(a, size)
+    def pipeline(job):
+        i = info[job]
+        jid = i['id']
+        left = runner.deadline - time.time()
+        if not a.cpu and i['estimate_s'] > left:
+            status[job] = f"not started (estimate {i['estimate_s']:.0f} s > {left:.0f} s left)"
+            runner.failed.append(f'{jid}: {status[job]}')
+            return
+        m = models[J.model_key(job.size, job.seed)]
+        out = os.path.join(a.work, 'runs', jid)
+        shutil.rmtree(out, ignore_errors=True)  # never a model of an earlier call in the same work dir
+        common = megatron_common(a, job.size, job.seed)
         logs = os.path.join(out, 'logs')
-        if run == 'a':
-            cmd = [exe('megatron'), 'pt', '--model', m['dir'], '--model_type', 'llama', '--dataset',
-                   os.path.join(data, 'a.jsonl'), '--max_length', str(T), '--global_batch_size', str(G),
-                   '--micro_batch_size', str(a.mbs),
-                   '--train_iters', str(a_iters), '--output_dir', os.path.join(out, 'token'), '--add_version', 'false',
-                   '--save_safetensors', 'false', *common]
-            if runner.run(f'{size}_a train', cmd, os.path.join(logs, 'train.log')) == 0:
-                runner.run(f'{size}_a export', [
+        files = {k: os.path.join(data, f + '.jsonl') for k, f in i['files'].items()}
+        if job.run == 'a':
+            cmd = [exe('megatron'), 'pt', '--model', m['dir'], '--model_type', 'llama', '--dataset', files['a'],
+                   '--max_length', str(T), '--global_batch_size', str(G), '--micro_batch_size', str(a.mbs),
+                   '--train_iters', str(i['steps'][0]), '--output_dir', os.path.join(out, 'token'),
+                   '--add_version', 'false', '--save_safetensors', 'false', *common]
+            why = step_status('train', runner.run(f'{jid} train', cmd, os.path.join(logs, 'train.log')))
+            if why is None:
+                why = step_status('export', runner.run(f'{jid} export', [
                     exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'token'), '--output_dir',
-                    os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log'))
+                    os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log')))
+            status[job] = why or 'done'
             return
-        _, Kr, lam_r = variants[run]
-        tokens = budget[run]
-        G1 = plans[run].stage1.global_batch_size
-        recipe = [exe('swift-plt-two-stage'), '--model', m['dir'], '--output_dir', out, '--tokens', str(tokens),
-                  '--patch_size', str(Kr), '--lam', str(lam_r), '--max_length', str(T), '--global_batch_size', str(G),
+        base, Kr, lam_r = parse_run(job.run)
+        plan = i['plan']
+        G1 = plan.stage1.global_batch_size
+        recipe = [exe('swift-plt-two-stage'), '--model', m['dir'], '--output_dir', out, '--tokens',
+                  str(job.N if base == 'b' else 2 * job.N), '--patch_size', str(Kr), '--lam', str(lam_r), '--max_length', str(T), '--global_batch_size', str(G),
                   '--stage1_batch', a.stage1_batch, '--stage1_args',
-                  f'--dataset {os.path.join(data, run + "1.jsonl")} --micro_batch_size {math.gcd(a.mbs, G1)}',
-                  '--stage2_args', f'--dataset {os.path.join(data, run + "2.jsonl")} --micro_batch_size {a.mbs}',
+                  f'--dataset {files["1"]} --micro_batch_size {math.gcd(a.mbs, G1)}',
+                  '--stage2_args', f'--dataset {files["2"]} --micro_batch_size {a.mbs}',
                   '--export_args', shlex.join(export_args(a)), *common]
-        if runner.run(f'{size}_{run} stage1', recipe + ['--stage', '1'], os.path.join(out, 'runner_stage1.log')):
+        why = step_status('stage 1', runner.run(f'{jid} stage1', recipe + ['--stage', '1'],
+                                                os.path.join(out, 'runner_stage1.log')))
+        if why:
+            status[job] = why
             return
-        t = threading.Thread(target=runner.run, args=(f'{size}_{run} export stage1', [
-            exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'stage1_patch'), '--output_dir',
-            os.path.join(out, 'hf_stage1'), *export_args(a)], os.path.join(out, 'export_stage1_run.log')))
-        t.start()
-        runner.run(f'{size}_{run} stage2+export', recipe, os.path.join(out, 'runner_all.log'))
-        t.join()
+        t = None
+        if not a.no_stage1_export:
+            t = threading.Thread(target=runner.run, args=(f'{jid} export stage1', [
+                exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'stage1_patch'), '--output_dir',
+                os.path.join(out, 'hf_stage1'), *export_args(a)], os.path.join(out, 'export_stage1_run.log')))
+            t.start()
+        why = step_status('stage 2 + export', runner.run(f'{jid} stage2+export', recipe,
+                                                          os.path.join(out, 'runner_all.log')))
+        if t:
+            t.join()
+        status[job] = why or 'done'
 
-    slots = threading.Semaphore(a.max_parallel or len(a.sizes) * len(a.runs))
+    slots = threading.Semaphore(a.max_parallel or len(job_list))
 
-    def limited(size, run):
+    def limited(job):
         with slots:
-            pipeline(size, run)
+            try:
+                pipeline(job)
+            except Exception as e:  # noqa: BLE001 -- one job's error must not stop the others
+                status[job] = f'error: {type(e).__name__}: {e}'
+                runner.failed.append(f"{info[job]['id']}: {status[job]}")
 
-    for size in a.sizes:
-        for run in a.runs:
-            th = threading.Thread(target=limited, args=(size, run))
-            th.start()
-            threads.append(th)
+    threads = []
+    for job in order:  # threads queue on the semaphore in this order (jobs.start_order)
+        th = threading.Thread(target=limited, args=(job,))
+        th.start()
+        threads.append(th)
+        time.sleep(0.05)
     for th in threads:
         th.join()
-    print(f'training + exports done: {time.time() - t0:.0f}s; failed: {runner.failed}', flush=True)
+    done = [j for j in job_list if status.get(j) == 'done']
+    print(f'training + exports done: {time.time() - t0:.0f}s; {len(done)}/{len(job_list)} runs finished; '
+          f'failed: {runner.failed}', flush=True)
 
-    # held-out evaluation: plain transformers, plugin disabled
+    # held-out evaluation (the finished runs only): plain transformers, plugin disabled
     evals = os.path.join(a.out, 'eval.jsonl')
     if os.path.exists(evals):
         os.remove(evals)
-    targets = []
-    for size in a.sizes:
-        targets.append(f'{size}_init={models[size]["dir"]}')
-        for run in a.runs:
-            out = os.path.join(a.work, 'runs', f'{size}_{run}')
-            if run != 'a':  # the end of stage 1
-                targets.append(f'{size}_{run}_stage1={os.path.join(out, "hf_stage1")}')
-            targets.append(f'{size}_{run}={os.path.join(out, "hf")}')
+    targets = [f'{s}_init={models[J.model_key(s, J.FIRST_SEED)]["dir"]}' for s in sizes]
+    for job in done:
+        out = os.path.join(a.work, 'runs', info[job]['id'])
+        if job.run != 'a' and os.path.isdir(os.path.join(out, 'hf_stage1')):  # the end of stage 1
+            targets.append(f"{info[job]['id']}_stage1={os.path.join(out, 'hf_stage1')}")
+        targets.append(f"{info[job]['id']}={os.path.join(out, 'hf')}")
     env = dict(os.environ, SWIFT_PLT_DISABLE='1')
     if a.cpu:
         env.pop('PYTHONPATH', None)
         env['QUAL_EVAL_ROWS'] = '8'  # the CPU dry run scores 8 rows, not all 512
     r = subprocess.run([sys.executable, os.path.join(HERE, 'eval_heldout.py'), os.path.join(a.kit, 'heldout_ids.npy'),
-                        evals, *targets], env=env, cwd='/tmp', capture_output=True, text=True)
+                        evals, *targets], env=env, cwd='/tmp', capture_output=True, text=True, check=False)
     with open(os.path.join(a.out, 'eval.log'), 'w') as f:
         f.write(r.stdout + r.stderr)
     print(''.join(line + '\n' for line in r.stdout.splitlines() if line.startswith('EVAL')), flush=True)
 
-    meta = {'N': N, 'T': T, 'G': G, 'stage1_batch': a.stage1_batch, 'a_iters': a_iters,
-            'variants': {run: {'K': Kr, 'lam': str(lam_r), 'G1': plans[run].stage1.global_batch_size,
-                               'plan': plans[run].to_dict()}
-                         for run, (_, Kr, lam_r) in variants.items() if run in plans},
-            'models': models, 'sizes': a.sizes, 'runs': a.runs, 'lr': {
-                s: a.lr or LR[s] for s in a.sizes}, 'mbs': a.mbs, 'failed': runner.failed,
+    runs = list(dict.fromkeys(j.run for j in job_list))
+    meta = {'T': T, 'G': G, 'stage1_batch': a.stage1_batch, 'tokens': sorted({j.N for j in job_list}),
+            'seeds': a.seeds, 'gpu_lock': not a.no_gpu_lock, 'reserve_from': reserve,
+            'kit': {'path': a.kit, 'train_tokens': kit.get('train_tokens'), 'vocab': kit.get('vocab')},
+            'jobs': [{'id': info[j]['id'], 'size': j.size, 'run': j.run, 'N': j.N, 'seed': j.seed,
+                      'init_seed': J.init_seed(j.seed), 'status': status.get(j, 'not started'),
+                      'dir': os.path.join(a.work, 'runs', info[j]['id']), 'steps': info[j]['steps'],
+                      'estimate_s': round(info[j]['estimate_s']), 'files': info[j]['files'],
+                      'a_iters': j.N // (G * T),
+                      'K': parse_run(j.run)[1], 'lam': str(parse_run(j.run)[2]),
+                      'G1': info[j]['plan'].stage1.global_batch_size if info[j]['plan'] else None,
+                      'plan': info[j]['plan'].to_dict() if info[j]['plan'] else None} for j in job_list],
+            'models': {s: models[J.model_key(s, J.FIRST_SEED)] for s in sizes},
+            'init_models': models, 'sizes': sizes, 'runs': runs,
+            'lr': {s: a.lr or LR[s] for s in sizes}, 'mbs': a.mbs, 'failed': runner.failed,
             'timeline': [dict(x, start=round(x['start'] - t0, 1)) for x in runner.timeline],
-            'wall_seconds': time.time() - t0, 'cpu': a.cpu, 'specs': specs}
+            'wall_seconds': time.time() - t0, 'cpu': a.cpu, 'specs': specs, 'argv': sys.argv[1:]}
     with open(os.path.join(a.out, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1, default=str)
-    subprocess.run([sys.executable, os.path.join(HERE, 'report.py'), a.work, a.out])
-    return 1 if runner.failed else 0
+    subprocess.run([sys.executable, os.path.join(HERE, 'report.py'), a.work, a.out], check=False)
+    return 1 if len(done) < len(job_list) else 0
 
 
 if __name__ == '__main__':

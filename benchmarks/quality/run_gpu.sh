@@ -2,8 +2,9 @@
 # The quality benchmark on one GPU (~8 min for one size), from the root of a swift-plt checkout, on a GPU machine with
 # ms-swift[megatron], Transformer Engine and swift-plt installed; QUAL_KIT is prepare_data.py's output:
 #     QUAL_KIT=path/to/kit bash benchmarks/quality/run_gpu.sh
-# -> $OUT: run.log, results.md, results.json, quality.png, logs.tar.xz (every stage's logging.jsonl, gpu_time.json,
-#    megatron/export logs, plan; eval.jsonl, meta.json, setup.log)
+# -> $OUT: run.log, results.md, results.json, quality.png, regime.md, regime.png (regime.py on this call's runs),
+#    logs.tar.xz (every stage's logging.jsonl, gpu_time.json, megatron/export logs, plan; eval.jsonl, meta.json,
+#    setup.log)
 # env: QUAL_BUDGET (seconds for the whole run, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
 #      110), QUAL_ARGS (extra run.py flags), QUAL_WORK, SWIFT_PLT_GPU_ENV (optional script sourced first: the machine's
 #      environment), QUAL_TRACEBACK_EVERY (seconds: every Python process dumps its threads' stacks to runs/tb/PID.txt
@@ -36,9 +37,12 @@ file=open(os.path.join('$W/runs/tb', '%d.txt' % os.getpid()), 'w'))" \
   python3 benchmarks/quality/run.py --kit "$QKIT" --work "$W" --out "$W/report" \
     --deadline $((BUDGET - (SECONDS - T0) - ${QUAL_RESERVE:-110})) ${QUAL_ARGS:-}
   echo "run.py rc=$? t=$((SECONDS - T0))s"
+  python3 benchmarks/quality/regime.py "$W/report/results.json" --png "$W/report/regime.png" \
+    --md "$W/report/regime.md" >/dev/null 2>&1 || echo "regime.py: no (b) run with a result in this call"
 } 2>&1 | tee "$OUT/run.log"
 # raw logs, without checkpoints, models or training data
-cp "$W/report/results.md" "$W/report/results.json" "$W/report/quality.png" "$OUT/" 2>/dev/null
+cp "$W/report/results.md" "$W/report/results.json" "$W/report/quality.png" "$W/report/regime.md" \
+  "$W/report/regime.png" "$OUT/" 2>/dev/null
 (cd "$W" && find runs report setup.log data -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \
   -o -name '*.txt' -o -name '*.png' -o -name '*.md' \) -not -path '*/checkpoint-*' -not -path '*/hf*/*' \
   -not \( -path 'data/*' -not -name 'data_stats*' \) -print0 \
