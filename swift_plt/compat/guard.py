@@ -1,9 +1,5 @@
-"""Shared helpers of the patch modules: the upstream-moved guard and the one-time version check."""
+"""Shared helpers of the patch modules: the guard that fails loudly when upstream moved, and class swapping."""
 import inspect
-
-from swift_plt.compat.versions import check_versions
-
-_checked = set()
 
 
 def guard(owner, name: str, params, verified: str):
@@ -20,12 +16,6 @@ def guard(owner, name: str, params, verified: str):
                                f'parameters {params}, verified against {verified}). Pin the verified version or '
                                f'set SWIFT_PLT_DISABLE=1.')
     return fn
-
-
-def check_once(required=('ms-swift', )):
-    if required not in _checked:
-        check_versions(required)
-        _checked.add(required)
 
 
 def has_field(upstream_cls, name: str, verified: str) -> bool:

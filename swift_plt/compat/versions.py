@@ -10,6 +10,7 @@ VERIFIED = {
     'megatron-core': ('0.16.', '0.16.x'),
 }
 DISABLE_ENV = 'SWIFT_PLT_DISABLE'
+_checked = set()
 
 
 def installed_version(dist: str):
@@ -39,3 +40,10 @@ def check_versions(required=('ms-swift', )) -> None:
                            '"mcore-bridge==1.6.*" "megatron-core==0.16.*" '
                            f'"transformers{hf_compat.SUPPORTED}"), or set '
                            f'{DISABLE_ENV}=1 to run ms-swift without swift-plt.')
+
+
+def check_once(required=('ms-swift', )) -> None:
+    """``check_versions`` once per process for each set of required packages (every patch calls it)."""
+    if required not in _checked:
+        check_versions(required)
+        _checked.add(required)

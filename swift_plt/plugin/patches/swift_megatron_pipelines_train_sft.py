@@ -2,7 +2,8 @@
 (``swift_plt.critic.trainer.MegatronCriticTrainer``) for ``llama3_2_critic``; upstream's trainer otherwise."""
 import functools
 
-from swift_plt.compat.guard import check_once, guard
+from swift_plt.compat.guard import guard
+from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.megatron.pipelines.train.sft'
 VERIFIED = 'ms-swift 4.6.0'

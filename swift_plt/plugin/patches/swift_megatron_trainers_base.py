@@ -4,7 +4,8 @@ one all-reduce (every rank raises together) and one host copy per step.
 """
 import functools
 
-from swift_plt.compat.guard import check_once, guard
+from swift_plt.compat.guard import guard
+from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.trainers.base'

@@ -4,7 +4,8 @@ rolled by K instead, so targets stay local after the split (docs/parallel-layout
 """
 import functools
 
-from swift_plt.compat.guard import check_once, guard
+from swift_plt.compat.guard import guard
+from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.trainers.utils'

@@ -5,7 +5,8 @@ as upstream; other head shapes fail (docs/critic.md#initialisation). Other model
 import functools
 import os
 
-from swift_plt.compat.guard import check_once, guard
+from swift_plt.compat.guard import guard
+from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.megatron.utils.megatron_lm_utils'
 VERIFIED = 'ms-swift 4.6.0'

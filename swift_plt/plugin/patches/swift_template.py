@@ -5,7 +5,8 @@ under CP: 2*CP*K) with its first patch -100; critic row targets encoded. ``_hand
 """
 import functools
 
-from swift_plt.compat.guard import check_once, guard
+from swift_plt.compat.guard import guard
+from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.template.base'
