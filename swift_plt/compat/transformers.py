@@ -20,6 +20,11 @@ mcore-bridge's own computations are unaffected; it re-adds its entry on every ca
 build an HF model in a process where mcore-bridge ran uses it: the HF-side loaders of ``llama3_2_plt`` /
 ``llama3_2_critic`` (``swift export --to_hf --test_convert_precision`` loads the HF model after the mcore one) and
 ``swift_plt.recipe.export.check_vanilla``; so do the tiny-model generator (``swift_plt.tools.tiny``) and the test harness.
+
+The value-head critic (``llama3_2_critic``) runs on both majors. Its HF format is ``LlamaForTokenClassification
+(num_labels=1)`` as the installed transformers builds it: bias-free on 5.x (``token_classification_bias=False``), with
+a zero ``score.bias`` [1] on 4.57.x, whose head always has a bias (``critic_head_has_bias``); the Megatron head is
+bias-free on both, so a checkpoint with a non-zero ``score.bias`` is refused (``swift_plt.critic.keys``).
 """
 import contextlib
 import functools
@@ -70,10 +75,8 @@ def hf_rope_guard():
 
 @functools.lru_cache(maxsize=None)
 def has_bias_free_token_classification() -> bool:
-    """Whether transformers' ``LlamaForTokenClassification`` honours ``token_classification_bias=False`` (the
-    critic's HF format: a bias-free value head ``score.weight [1, H]``). 5.17 / 5.19: yes; 4.57.x: no (its ``score``
-    always has a bias, which a critic checkpoint does not have: transformers would initialise it randomly). Probed
-    on a 1-layer, 8-wide model (milliseconds), not inferred from the version number."""
+    """Whether transformers' ``LlamaForTokenClassification`` honours ``token_classification_bias=False``: 5.17 / 5.19
+    yes; 4.57.x no (its ``score`` always has a bias). Probed on a 1-layer, 8-wide model (milliseconds)."""
     from transformers import LlamaConfig, LlamaForTokenClassification
     config = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
                          num_key_value_heads=1, num_labels=1, token_classification_bias=False)
@@ -81,15 +84,7 @@ def has_bias_free_token_classification() -> bool:
         return LlamaForTokenClassification(config).score.bias is None
 
 
-def check_critic_supported() -> None:
-    """Refuse the value-head critic (``llama3_2_critic``) on a transformers without a bias-free token-classification
-    head (4.57.x), with what to do; called where a critic run or conversion starts (its arguments, its ms-swift HF
-    loader, its mcore config, the converter CLI), before anything loads."""
-    if not has_bias_free_token_classification():
-        raise RuntimeError(
-            f'swift-plt: the value-head critic (llama3_2_critic) needs transformers 5.x (verified: 5.17, 5.19); '
-            f'installed: transformers=='
-            f'{metadata.version("transformers")}. Its HF format is LlamaForTokenClassification(num_labels=1) with a '
-            'bias-free value head (token_classification_bias=False), which this transformers does not support (its '
-            'head always has a bias, which transformers would initialise randomly). Install '
-            '"transformers>=5.17,<5.20" for critic runs (patch-level training, llama3_2_plt, works on 4.57.x).')
+def critic_head_has_bias() -> bool:
+    """Whether the critic's HF format on this transformers has a zero ``score.bias`` [1] (4.57.x, whose head always
+    has one) or none (5.x, ``token_classification_bias=False``); the Megatron head is bias-free."""
+    return not has_bias_free_token_classification()

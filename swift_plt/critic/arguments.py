@@ -25,8 +25,6 @@ def resolve_critic_args(args) -> None:
             raise ValueError(f'--value_clip_range trains a critic: use --model_type {CRITIC_MODEL_TYPE} '
                              '--custom_register_path custom_model/llama.py, or drop --value_clip_range.')
         return
-    from swift_plt.compat.transformers import check_critic_supported
-    check_critic_supported()  # transformers 4.57.x: refused with what to do
     if clip is not None and not clip >= 0:
         raise ValueError(f'--value_clip_range must be >= 0, got {clip}.')
     problems: List[str] = []

@@ -1,9 +1,11 @@
-"""Import critics saved by other RLHF frameworks into our format (pure: torch + safetensors, no ms-swift).
+"""Import critics saved by other RLHF frameworks into our format (torch + safetensors; transformers only to tell its
+format; no ms-swift).
 
-Our format: an HF ``LlamaForTokenClassification`` dir with ``num_labels=1`` and ``token_classification_bias=False``:
-the Llama trunk ``model.*`` and the value head ``score.weight`` ``[1, H]`` (see swift_plt.critic.keys). It loads in
-plain transformers, and ``swift export --to_mcore`` / ``megatron ... --model`` load it with
-``--model_type llama3_2_critic``.
+Our format: an HF ``LlamaForTokenClassification`` dir with ``num_labels=1``: the Llama trunk ``model.*`` and the value
+head ``score.weight`` ``[1, H]``, written for the installed transformers: bias-free on 5.x
+(``token_classification_bias=False``), plus a zero ``score.bias`` ``[1]`` on 4.57.x (whose head always has a bias;
+see swift_plt.critic.keys). It loads in plain transformers, and ``swift export --to_mcore`` / ``megatron ... --model``
+load it with ``--model_type llama3_2_critic``.
 
 Formats (``--from``), all on a Llama trunk ``model.*``:
   trl       TRL ``AutoModelForCausalLMWithValueHead``: ``v_head.summary.weight`` [1, H], ``v_head.summary.bias`` [1];
@@ -13,10 +15,11 @@ Formats (``--from``), all on a Llama trunk ``model.*``:
             ``-mean/std`` is a bias (rule below).
   verl      verl critic: ``lm_head.weight`` [1, H] (+ ``lm_head.bias`` if saved), or ``score.weight`` [1, H]
             (+ ``score.bias``) as saved by transformers' token-classification head.
-Bias rule: our head, like mcore-bridge's seq_cls head, has no bias, and a constant cannot be folded into a linear map
-of RMS-normalised hidden states. A bias that is exactly 0 is dropped (exact); any other bias is an error, unless
-``--drop_bias``: every value then shifts by ``-bias`` (a warning says by how much); for GAE the advantages change by
-``(gamma - 1) * bias`` per step, so fine-tune the converted critic before relying on it.
+Bias rule: our head, like mcore-bridge's seq_cls head, has no bias (4.57.x's ``score.bias`` is written as zero), and
+a constant cannot be folded into a linear map of RMS-normalised hidden states. A bias that is exactly 0 is dropped
+(exact); any other bias is an error, unless ``--drop_bias``: every value then shifts by ``-bias`` (a warning says by
+how much); for GAE the advantages change by ``(gamma - 1) * bias`` per step, so fine-tune the converted critic before
+relying on it.
 Every other key must be a trunk key of the config (checked with swift_plt.critic.keys before anything is written).
 
 CLI: ``python -m swift_plt.critic.convert --from trl|openrlhf|verl SRC DST [--drop_bias]``.
@@ -31,7 +34,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from swift_plt.critic.keys import HEAD_KEY, LM_HEAD_KEY, check_critic_keys, critic_hf_config_dict
+from swift_plt.compat.transformers import critic_head_has_bias
+from swift_plt.critic.keys import HEAD_BIAS_KEY, HEAD_KEY, LM_HEAD_KEY, check_critic_keys, critic_hf_config_dict
 
 FORMATS = {
     # format: ((head weight key, its bias key), ... tried in order), other keys dropped
@@ -45,7 +49,8 @@ MAX_SHARD_BYTES = 5 * 1024**3
 
 def convert_state_dict(state_dict: Dict[str, torch.Tensor], fmt: str, config: dict,
                        drop_bias: bool = False) -> Tuple[Dict[str, torch.Tensor], Optional[str]]:
-    """``fmt`` critic state dict -> our ``{model.*, score.weight}``; returns it and a warning (or None).
+    """``fmt`` critic state dict -> our ``{model.*, score.weight}`` (+ a zero ``score.bias`` on transformers 4.57.x);
+    returns it and a warning (or None).
     Raises ValueError (what is wrong, what to do) on anything it cannot convert exactly."""
     if fmt not in FORMATS:
         raise ValueError(f'unknown critic format {fmt!r}; known: {", ".join(FORMATS)}')
@@ -77,6 +82,8 @@ def convert_state_dict(state_dict: Dict[str, torch.Tensor], fmt: str, config: di
                              'value shifts by -bias), then fine-tune the critic.')
         warning = f'dropped value-head bias {bias.item():.6g}: every value shifts by {-bias.item():.6g}'
     out[HEAD_KEY] = weight.to(state_dict[weight_key].dtype)
+    if critic_head_has_bias():
+        out[HEAD_BIAS_KEY] = torch.zeros(1, dtype=out[HEAD_KEY].dtype)
     check_critic_keys({k: tuple(v.shape) for k, v in out.items()}, config, source=f'--from {fmt} checkpoint')
     return out, warning
 

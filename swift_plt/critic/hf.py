@@ -1,14 +1,16 @@
 """HF side of ``llama3_2_critic`` (ms-swift's HF model loading, e.g. ``swift export``): transformers'
-``LlamaForTokenClassification(num_labels=1)`` from a critic dir or a causal-LM dir."""
+``LlamaForTokenClassification(num_labels=1)`` from a critic dir or a causal-LM dir (on transformers 4.57.x its head
+has a ``score.bias``, which is zero, as on the bias-free Megatron side)."""
 import functools
 
 import torch
 from swift.model.register import ModelLoader
 from transformers import AutoModelForTokenClassification
 
-from swift_plt.compat.transformers import check_critic_supported, hf_rope_guard
+from swift_plt.compat.transformers import hf_rope_guard
 from swift_plt.critic import CRITIC_MODEL_TYPE
-from swift_plt.critic.keys import HEAD_KEY, critic_hf_config, read_safetensors_shapes
+from swift_plt.critic.keys import (HEAD_BIAS_KEY, HEAD_KEY, check_head_bias, critic_hf_config, read_head_bias,
+                                   read_safetensors_shapes)
 
 
 def ignore_token_labels(model) -> None:
@@ -25,14 +27,29 @@ def ignore_token_labels(model) -> None:
     model.forward = forward_without_labels
 
 
-def init_missing_hf_head(model, model_dir: str) -> None:
-    """From a causal-LM dir transformers initialises ``score`` randomly; set it like the Megatron side does
-    (swift_plt.critic.model: zeros, with the warning), so that both sides of ``swift export`` agree."""
+def check_hf_head_bias(model_dir: str) -> None:
+    """Refuse a dir whose ``score.bias`` is non-zero before loading it (the Megatron head has no bias; transformers
+    5.x would drop it silently, 4.57.x would load it): the same rule as the Megatron side."""
     try:
-        has_head = HEAD_KEY in read_safetensors_shapes(model_dir)
+        has_bias = HEAD_BIAS_KEY in read_safetensors_shapes(model_dir)
     except FileNotFoundError:
         return
-    if not has_head:
+    if has_bias:
+        check_head_bias(read_head_bias(model_dir), f'{CRITIC_MODEL_TYPE} (HF side): {model_dir}')
+
+
+def init_missing_hf_head(model, model_dir: str) -> None:
+    """Set what transformers initialised randomly as the Megatron side does, so both sides of ``swift export`` agree:
+    a head the dir lacks to zeros (with the warning), a ``score.bias`` it lacks (4.57.x) to zero (bias-free head)."""
+    try:
+        shapes = read_safetensors_shapes(model_dir)
+    except FileNotFoundError:
+        return
+    bias = getattr(model.score, 'bias', None)
+    if bias is not None and HEAD_BIAS_KEY not in shapes:
+        with torch.no_grad():
+            bias.zero_()
+    if HEAD_KEY not in shapes:
         from swift.utils import get_logger
         with torch.no_grad():
             model.score.weight.zero_()
@@ -43,7 +60,6 @@ def init_missing_hf_head(model, model_dir: str) -> None:
 class CriticHFLoader(ModelLoader):
 
     def __init__(self, *args, **kwargs):
-        check_critic_supported()  # transformers 4.57.x: refused before anything loads (swift_plt/compat/transformers.py)
         super().__init__(*args, **kwargs)
         self.auto_model_cls = self.auto_model_cls or AutoModelForTokenClassification
 
@@ -51,6 +67,7 @@ class CriticHFLoader(ModelLoader):
         return critic_hf_config(super().get_config(model_dir))
 
     def get_model(self, model_dir, config, processor, model_kwargs):
+        check_hf_head_bias(model_dir)
         with hf_rope_guard():  # safe after mcore-bridge ran in this process (swift_plt/compat/transformers.py)
             model = super().get_model(model_dir, config, processor, model_kwargs)
         ignore_token_labels(model)

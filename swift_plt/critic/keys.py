@@ -1,7 +1,9 @@
-"""Which HF weights a ``llama3_2_critic`` checkpoint has, checked before any weight is loaded (pure, torch-free).
+"""Which HF weights a ``llama3_2_critic`` checkpoint has, checked before any weight is loaded (imports no torch).
 
-Our HF format is transformers' ``LlamaForTokenClassification`` with ``num_labels=1`` and
-``token_classification_bias=False``: the Llama trunk ``model.*`` plus the value head ``score.weight`` ``[1, H]``.
+Our HF format is transformers' ``LlamaForTokenClassification`` with ``num_labels=1``: the Llama trunk ``model.*``
+plus the value head ``score.weight`` ``[1, H]``; on transformers 5.x bias-free (``token_classification_bias=False``),
+on 4.57.x, whose head always has a bias, with a zero ``score.bias`` ``[1]`` (``critic_config``). The Megatron head
+has no bias: a ``score.bias`` is accepted only when exactly zero (``check_head_bias``, which reads its value).
 
 ``check_critic_keys(shapes, hf_config)`` classifies the keys of a checkpoint dir (``{key: shape}``):
   * every trunk key of the config's Llama must be there with its shape, else ValueError listing them;
@@ -9,9 +11,11 @@ Our HF format is transformers' ``LlamaForTokenClassification`` with ``num_labels
     absent: a causal LM, the head is initialised by the caller ('missing'); any other shape: ValueError;
   * expected and dropped (a causal LM's LM head): ``lm_head.weight`` ``[V, H]``; with tied embeddings there is no
     such key, the embedding is the trunk's ``model.embed_tokens.weight``, kept for the (untied) critic's input only;
+  * ``score.bias`` ``[1]`` beside ``score.weight`` (the 4.57.x format): allowed here, its value is checked by
+    ``check_head_bias``; any other shape, or without ``score.weight``: ValueError;
   * ignored: ``*.rotary_emb.inv_freq`` (a buffer older transformers saved; recomputed from the config);
-  * anything else (e.g. ``score.bias``, a foreign head, a layer beyond ``num_hidden_layers``): ValueError listing
-    the keys and naming the converter for the known critic formats.
+  * anything else (e.g. a foreign head, a layer beyond ``num_hidden_layers``): ValueError listing the keys and
+    naming the converter for the known critic formats.
 
 ``classify_mcore_checkpoint`` does the same for an mcore distributed checkpoint from its metadata (the head's global
 shape): a critic ([1, H], loaded), a causal LM (no head or [V, H], head initialised) or an error. Missing trunk keys
@@ -20,6 +24,7 @@ there are refused by megatron's dist-checkpointing itself (strict load); it does
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 HEAD_KEY = 'score.weight'
+HEAD_BIAS_KEY = 'score.bias'
 HF_ARCHITECTURE = 'LlamaForTokenClassification'
 LM_HEAD_KEY = 'lm_head.weight'
 IGNORED_SUFFIXES = ('rotary_emb.inv_freq', )
@@ -85,13 +90,16 @@ def check_critic_keys(shapes: Dict[str, Sequence[int]], hf_config, source: str =
     if head is not None and tuple(head) != (1, hidden):
         wrong.append(f'{HEAD_KEY} {list(head)} (a value head is [1, hidden_size] = [1, {hidden}]; a '
                      f'{list(head)} head is not a scalar critic)')
+    bias = shapes.get(HEAD_BIAS_KEY)
+    if bias is not None and (tuple(bias) != (1, ) or head is None):
+        wrong.append(f'{HEAD_BIAS_KEY} {list(bias)} (a value head\'s bias is [1], beside {HEAD_KEY} [1, {hidden}])')
     lm_head = shapes.get(LM_HEAD_KEY)
     if lm_head is not None and tuple(lm_head) != (vocab, hidden):
         wrong.append(f'{LM_HEAD_KEY} {list(lm_head)} (a causal LM head is [vocab_size, hidden_size] = '
                      f'[{vocab}, {hidden}]; a [1, H] lm_head is a verl critic: convert it first)')
     if wrong:
         problems.append(f'wrong shapes: {"; ".join(wrong)}')
-    unexpected = set(shapes) - set(expected) - {HEAD_KEY, LM_HEAD_KEY}
+    unexpected = set(shapes) - set(expected) - {HEAD_KEY, HEAD_BIAS_KEY, LM_HEAD_KEY}
     if unexpected:
         problems.append(f'unexpected keys: {_listed(unexpected)}')
     if problems:
@@ -117,6 +125,31 @@ def read_safetensors_shapes(model_dir: str) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
+def read_head_bias(model_dir: str):
+    """The ``score.bias`` tensor of the ``*.safetensors`` files of ``model_dir``, or None if there is none."""
+    import glob
+    import os
+
+    from safetensors import safe_open
+    for path in sorted(glob.glob(os.path.join(model_dir, '*.safetensors'))):
+        with safe_open(path, framework='pt') as f:
+            if HEAD_BIAS_KEY in f.keys():
+                return f.get_tensor(HEAD_BIAS_KEY)
+    return None
+
+
+def check_head_bias(bias, source: str = 'checkpoint') -> None:
+    """Accept a missing or exactly-zero ``score.bias``; refuse any other (the critic's head has no bias, so it could
+    not be represented: every value would silently shift), with the converter that drops it."""
+    if bias is None or not bool(bias.detach().float().ne(0).any()):
+        return
+    values = ', '.join(f'{float(v):.6g}' for v in bias.detach().float().reshape(-1)[:4])
+    raise ValueError(f'{source} has a non-zero value-head bias {HEAD_BIAS_KEY} = [{values}]; the critic\'s value head '
+                     f'has no bias (mcore-bridge\'s seq_cls head), so the critic cannot represent it (a zero '
+                     f'{HEAD_BIAS_KEY} is accepted). To drop it (every value then shifts by -bias), convert with '
+                     '`python -m swift_plt.critic.convert --from verl SRC DST --drop_bias`, then fine-tune the critic.')
+
+
 def mcore_checkpoint_head_shape(checkpoint_dir: str):
     """Global shape of ``output_layer.weight`` in a torch_dist mcore checkpoint dir (``iter_XXXXXXX``), or None."""
     from torch.distributed.checkpoint import FileSystemReader
@@ -134,17 +167,23 @@ def classify_mcore_checkpoint(head_shape, hidden_size: int, source: str) -> str:
                      f'[1, hidden_size] = [1, {hidden_size}], a causal LM head [vocab, {hidden_size}].')
 
 
-# What makes an HF Llama config our critic format (transformers builds LlamaForTokenClassification with one label
-# and a bias-free ``score``); config keys of other frameworks' critics that the conversion folds into the weights.
-CRITIC_CONFIG = {'architectures': [HF_ARCHITECTURE], 'tie_word_embeddings': False, 'token_classification_bias': False}
+# Config keys of other frameworks' critics that the conversion folds into the weights.
 FOLDED_CONFIG_KEYS = ('normalize_reward', 'mean', 'std')
 
 
+def critic_config() -> dict:
+    """What makes an HF Llama config our critic format on the installed transformers: LlamaForTokenClassification,
+    untied, and ``token_classification_bias`` False on 5.x / True on 4.57.x (the zero ``score.bias`` it carries)."""
+    from swift_plt.compat.transformers import critic_head_has_bias
+    return {'architectures': [HF_ARCHITECTURE], 'tie_word_embeddings': False,
+            'token_classification_bias': critic_head_has_bias()}
+
+
 def critic_hf_config(hf_config):
-    """A copy of an HF config object in our critic format (CRITIC_CONFIG, ``num_labels=1``)."""
+    """A copy of an HF config object in our critic format (``critic_config()``, ``num_labels=1``)."""
     import copy
     hf_config = copy.deepcopy(hf_config)
-    for key, value in CRITIC_CONFIG.items():
+    for key, value in critic_config().items():
         setattr(hf_config, key, copy.copy(value))
     hf_config.num_labels = 1
     return hf_config
@@ -153,5 +192,5 @@ def critic_hf_config(hf_config):
 def critic_hf_config_dict(config: dict) -> dict:
     """The same for a config.json dict (``num_labels`` is saved as ``id2label`` / ``label2id``)."""
     config = {k: v for k, v in config.items() if k not in FOLDED_CONFIG_KEYS + ('num_labels', )}
-    config.update(CRITIC_CONFIG, id2label={'0': 'LABEL_0'}, label2id={'LABEL_0': 0})
+    config.update(critic_config(), id2label={'0': 'LABEL_0'}, label2id={'LABEL_0': 0})
     return config

@@ -22,12 +22,14 @@ and ms-swift's export apply unchanged. What this module adds on top:
     ``--perform_initialization false``);
   * ``CriticBridge.load_weights`` checks every key and shape of the HF dir before loading (swift_plt.critic.keys):
     a causal LM (its ``lm_head.weight`` is expected and dropped) or an existing critic (its head is loaded), nothing
-    else;
+    else; a ``score.bias`` only if it is exactly zero (the head has no bias to put it in);
   * ``CriticBridge._set_weight`` copies the ``[1, H]`` head as is: mcore-bridge 1.6.5 treats ``output_layer.weight``
     as a vocabulary matrix and pads its rows to a multiple of TP (``[1, H]`` -> ``[2, H]`` at TP=2, which then no
     longer fits the replicated ``[1, H]`` parameter);
   * the exported HF config is a ``LlamaForTokenClassification`` with ``num_labels=1``, ``tie_word_embeddings=False``
-    and ``token_classification_bias=False`` (plain transformers builds ``score`` without bias and loads it exactly).
+    and, on transformers 5.x, ``token_classification_bias=False`` (plain transformers builds ``score`` without bias
+    and loads it exactly); on 4.57.x, whose head always has a bias, ``CriticBridge`` adds a zero ``score.bias`` [1]
+    to the export (``token_classification_bias=True``), so that transformers loads it with no missing key.
 
 Head initialisation (no head in the checkpoint): zeros. Every value is 0 at step 0 (no random offset the critic has
 to unlearn, a neutral baseline for the first advantages), the head's gradient sum_t (dL/dv_t) h_t is non-zero so it
@@ -52,7 +54,9 @@ from mcore_bridge.model.register import ModelLoader
 from mcore_bridge.utils import get_logger, unwrap_model
 
 from swift_plt.critic import CRITIC_MODEL_TYPE
-from swift_plt.critic.keys import HEAD_KEY, check_critic_keys, critic_hf_config, read_safetensors_shapes
+from swift_plt.compat.transformers import critic_head_has_bias
+from swift_plt.critic.keys import (HEAD_BIAS_KEY, HEAD_KEY, check_critic_keys, check_head_bias, critic_hf_config,
+                                   read_head_bias, read_safetensors_shapes)
 
 logger = get_logger()
 
@@ -68,8 +72,6 @@ def values(output: torch.Tensor) -> torch.Tensor:
 class CriticModelConfig(ModelConfig):
 
     def __post_init__(self):
-        from swift_plt.compat.transformers import check_critic_supported
-        check_critic_supported()  # transformers 4.57.x: refused (the HF format needs a bias-free token-cls head)
         unsupported = {
             'mtp_num_layers (no multi-token prediction for a critic)': bool(self.mtp_num_layers),
             f'task_type={self.task_type} (the critic is seq_cls with num_labels=1)':
@@ -132,13 +134,17 @@ class CriticModelLoader(ModelLoader):
 
 
 class CriticBridge(GPTBridge):
-    """mcore-bridge's GPTBridge with the critic's key checks and the ``[1, H]`` head copied as is."""
+    """mcore-bridge's GPTBridge with the critic's key checks, the ``[1, H]`` head copied as is, and the zero
+    ``score.bias`` of the HF format on transformers 4.57.x."""
 
     def load_weights(self, mg_models, hf_model_dir: str, peft_format: bool = False, *args, **kwargs):
         head = None
         if not peft_format:
-            head = check_critic_keys(
-                read_safetensors_shapes(hf_model_dir), self.config.hf_config, source=f'HF checkpoint {hf_model_dir}')
+            source = f'HF checkpoint {hf_model_dir}'
+            shapes = read_safetensors_shapes(hf_model_dir)
+            head = check_critic_keys(shapes, self.config.hf_config, source=source)
+            if HEAD_BIAS_KEY in shapes:
+                check_head_bias(read_head_bias(hf_model_dir), source)
         result = super().load_weights(mg_models, hf_model_dir, peft_format, *args, **kwargs)
         if head == 'missing':
             models = unwrap_model(mg_models)
@@ -147,6 +153,16 @@ class CriticBridge(GPTBridge):
                     init_value_head(model.output_layer.weight)
             logger.warning(f'[swift-plt] {CRITIC_MODEL_TYPE}: {hf_model_dir} has no value head ({HEAD_KEY}): '
                            f'initialised the value head with {HEAD_INIT} (a causal LM: its lm_head is dropped).')
+        return result
+
+    def _convert_post_process(self, mg_model, hf_state_dict, hf_prefix: str, to_mcore):
+        """Export on transformers 4.57.x: a zero ``score.bias`` [1] beside ``score.weight`` (its head always has a
+        bias; the Megatron head has none), wherever mcore-bridge yields the head."""
+        result = super()._convert_post_process(mg_model, hf_state_dict, hf_prefix, to_mcore)
+        key = f'{hf_prefix}{HEAD_KEY}'
+        if not to_mcore and not self._peft_format and result.get(key) is not None and critic_head_has_bias():
+            weight = result[key]
+            result[f'{hf_prefix}{HEAD_BIAS_KEY}'] = torch.zeros(1, dtype=weight.dtype, device=weight.device)
         return result
 
     def _set_weight(self, mg_param, hf_weight, mg_key, offset=0, is_expert=False, **kwargs):

@@ -44,25 +44,35 @@ def test_installed_transformers_is_supported():
 
 
 # ----------------------------------------------------------------------------------------------- the critic on 4.x
-def test_critic_refused_without_bias_free_head(monkeypatch):
-    """transformers 4.57.x has no bias-free LlamaForTokenClassification head (the critic's HF format): critic runs
-    are refused where they start (arguments, ms-swift HF loader) with what to do; PLT arguments are unaffected."""
+@pytest.mark.parametrize('bias_free', [True, False])
+def test_critic_hf_format_follows_the_head_probe(monkeypatch, bias_free):
+    """The critic's HF format follows transformers: bias-free on 5.x (token_classification_bias=False), a zero
+    score.bias on 4.57.x (token_classification_bias=True); critic runs start on both (nothing refused)."""
     from types import SimpleNamespace
+
+    from transformers import LlamaConfig
 
     from swift_plt.critic import CRITIC_MODEL_TYPE
     from swift_plt.critic.arguments import resolve_critic_args
-    from swift_plt.critic.hf import CriticHFLoader
-    monkeypatch.setattr(hf_compat, 'has_bias_free_token_classification', lambda: False)
-    message = r'llama3_2_critic\) needs transformers 5.x .*token_classification_bias=False.*"transformers>=5.17,<5.20"'
-    with pytest.raises(RuntimeError, match=message):
-        resolve_critic_args(SimpleNamespace(model_type=CRITIC_MODEL_TYPE, value_clip_range=None))
-    with pytest.raises(RuntimeError, match=message):
-        CriticHFLoader(None, None)
-    resolve_critic_args(SimpleNamespace(model_type='llama3_2_plt', value_clip_range=None))  # not a critic: no check
+    from swift_plt.critic.convert import convert_state_dict
+    from swift_plt.critic.keys import critic_hf_config, critic_hf_config_dict, llama_trunk_shapes
+    monkeypatch.setattr(hf_compat, 'has_bias_free_token_classification', lambda: bias_free)
+    assert hf_compat.critic_head_has_bias() is (not bias_free)
+    config = dict(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+                  num_key_value_heads=1)
+    assert critic_hf_config(LlamaConfig(**config)).token_classification_bias is (not bias_free)
+    assert critic_hf_config_dict(config)['token_classification_bias'] is (not bias_free)
+    trunk = {k: torch.zeros(v) for k, v in llama_trunk_shapes(config).items()}
+    out, _ = convert_state_dict({**trunk, 'value_head.weight': torch.ones(1, 8)}, 'openrlhf', config)
+    assert set(out) - set(trunk) == ({'score.weight'} if bias_free else {'score.weight', 'score.bias'})
+    assert bias_free or torch.equal(out['score.bias'], torch.zeros(1))
+    args = SimpleNamespace(model_type=CRITIC_MODEL_TYPE, value_clip_range=None)
+    resolve_critic_args(args)  # not refused on either
+    assert args.strict is True
 
 
 def test_bias_free_head_probe():
-    """The probe behind the refusal, on this venv's transformers (CI: 5.19 yes, 4.57.6 no)."""
+    """The probe behind the critic's HF format, on this venv's transformers (CI: 5.19 yes, 4.57.6 no)."""
     from transformers import LlamaConfig, LlamaForTokenClassification
     config = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
                          num_key_value_heads=1, num_labels=1, token_classification_bias=False)

@@ -5,11 +5,8 @@ micro-batching does not change the step), updates lower the loss on a fixed batc
 import pytest
 import torch
 
-from harness.compat import requires_critic_transformers
 from harness.dist import spawn
 from harness.tiny import make_tiny_critic, make_tiny_llama
-
-pytestmark = requires_critic_transformers
 
 B, S, R = 4, 12, 5  # batch, sequence, response length (the last R tokens)
 LR = 1e-4

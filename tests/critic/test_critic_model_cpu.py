@@ -1,17 +1,17 @@
 """The ``llama3_2_critic`` mcore-bridge model for real on CPU (tests/harness): per-token values against plain
 transformers ``LlamaForTokenClassification(num_labels=1)`` on the same weights (fp32), at 1 rank, TP=2 and PP=2
 (head only on the last stage, replicated under TP); initialisation from a causal LM (head zeroed with a warning) and
-from a critic (head loaded bit-exact); bad checkpoints refused before any weight is loaded."""
+from a critic (head loaded bit-exact); bad checkpoints (a non-zero score.bias included) refused before any weight is
+loaded; the HF export in the installed transformers' format (a zero score.bias on 4.57.x) loads in transformers with
+the same values."""
 import os
 
 import pytest
 import torch
 
-from harness.compat import requires_critic_transformers
 from harness.dist import spawn
 from harness.tiny import make_tiny_critic, make_tiny_llama
-
-pytestmark = requires_critic_transformers
+from swift_plt.compat.transformers import critic_head_has_bias
 
 B, S, VOCAB = 2, 12, 512
 
@@ -66,11 +66,20 @@ def _hf_values(critic_dir, input_ids, grad_weights):
     from transformers import AutoModelForTokenClassification
     model = AutoModelForTokenClassification.from_pretrained(critic_dir, dtype=torch.float32)
     model.eval()
-    assert type(model).__name__ == 'LlamaForTokenClassification' and model.score.bias is None
+    assert type(model).__name__ == 'LlamaForTokenClassification'
+    assert_format_bias(model)
     logits = model(input_ids=input_ids).logits
     (logits[..., 0] * grad_weights).sum().backward()
     grads = {'head': model.score.weight.grad.clone(), 'final_norm': model.model.norm.weight.grad.clone()}
     return logits.detach(), model.score.weight.detach().clone(), grads
+
+
+def assert_format_bias(model):
+    """The HF critic's head bias: none on transformers 5.x, a zero one on 4.57.x (whose head always has one)."""
+    if critic_head_has_bias():
+        assert model.score.bias is not None and torch.equal(model.score.bias.detach(), torch.zeros(1))
+    else:
+        assert model.score.bias is None
 
 
 @pytest.fixture(scope='module')
@@ -201,6 +210,7 @@ BAD_MESSAGES = {
     'extra_key': 'unexpected keys: v_head.summary.weight',
     'missing_key': 'missing keys: model.layers.1.mlp.up_proj.weight',
     'verl_head': 'lm_head.weight [1, 64]',
+    'nonzero_bias': 'has a non-zero value-head bias score.bias = [0.5]; the critic\'s value head has no bias',
 }
 
 
@@ -208,6 +218,7 @@ def _bad_checkpoints(lm, critic, root):
     from safetensors.torch import load_file, save_file
     sd = load_file(os.path.join(critic, 'model.safetensors'))
     variants = {
+        'nonzero_bias': {**sd, 'score.bias': torch.tensor([0.5])},
         'head_2xH': {**sd, 'score.weight': torch.randn(2, 64)},
         'extra_key': {**sd, 'v_head.summary.weight': torch.randn(1, 64)},
         'missing_key': {k: v for k, v in sd.items() if k != 'model.layers.1.mlp.up_proj.weight'},
@@ -250,8 +261,9 @@ def _hf_side(lm, critic):
     for name, d in (('lm', lm), ('critic', critic)):
         model, _ = get_model_processor(d, model_type='llama3_2_critic', torch_dtype=torch.float32)
         ids = torch.tensor([[5, 6, 7]])
+        bias = model.score.bias
         out[name] = (type(model).__name__, model.score.weight.detach().clone(), model.config.num_labels,
-                     model(input_ids=ids, labels=ids).logits.shape)
+                     model(input_ids=ids, labels=ids).logits.shape, None if bias is None else bias.detach().clone())
     return out
 
 
@@ -263,4 +275,86 @@ def test_hf_side_loader(dirs):
     ref = load_file(os.path.join(dirs[1], 'model.safetensors'))['score.weight']
     assert out['lm'][0] == out['critic'][0] == 'LlamaForTokenClassification'
     assert torch.equal(out['lm'][1], torch.zeros(1, 64)) and torch.equal(out['critic'][1], ref)
-    assert out['lm'][2:] == out['critic'][2:] == (1, (1, 3, 1))
+    assert out['lm'][2:4] == out['critic'][2:4] == (1, (1, 3, 1))
+    for name in ('lm', 'critic'):  # 4.57.x: the bias is zero, also where the dir has none (not transformers' init)
+        assert out[name][4] is None if not critic_head_has_bias() else torch.equal(out[name][4], torch.zeros(1))
+
+
+def _export_run(critic_dir, input_ids, out_dir):
+    """Load the critic, compute its values, write it with the bridge's HF export (as `swift export --to_hf`)."""
+    from harness.model import build_mcore_model, mcore_logits
+    from swift_plt.plugin.register import register_critic_mcore
+    assert register_critic_mcore()
+    from megatron.core import parallel_state as ps
+    models = build_mcore_model(critic_dir, mcore_model_type='llama3_2_critic',
+                               tp=ps.get_tensor_model_parallel_world_size(),
+                               pp=ps.get_pipeline_model_parallel_world_size())
+    out = mcore_logits(models, input_ids)
+    models[0].config.bridge.save_weights(models, out_dir)
+    if torch.distributed.get_rank() == 0:
+        models[0].config.hf_config.save_pretrained(out_dir)
+    return out
+
+
+@pytest.mark.parametrize('world, tp, pp', [(1, 1, 1), (2, 1, 2)])
+def test_export_loads_in_transformers_with_same_values(dirs, input_ids, tmp_path, world, tp, pp):
+    """Megatron -> HF export in the installed transformers' format: plain LlamaForTokenClassification loads it
+    with no missing / unexpected key (4.57.x: the zero score.bias is in the file) and gives the Megatron values."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForTokenClassification
+    out_dir = str(tmp_path / 'hf')
+    results = spawn(_export_run, world, dirs[1], input_ids, out_dir, tp=tp, pp=pp)
+    mcore_out = results[-1]  # the last stage holds the values
+    got = load_file(os.path.join(out_dir, 'model.safetensors'))
+    ref = load_file(os.path.join(dirs[1], 'model.safetensors'))
+    assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
+    assert ('score.bias' in got) is critic_head_has_bias()
+    model, info = AutoModelForTokenClassification.from_pretrained(out_dir, dtype=torch.float32,
+                                                                  output_loading_info=True)
+    assert not any(info.values()), info
+    assert model.config.token_classification_bias is critic_head_has_bias()
+    assert_format_bias(model)
+    with torch.no_grad():
+        hf_out = model.eval()(input_ids=input_ids).logits
+    assert _rel(hf_out, mcore_out) <= 1e-5, _rel(hf_out, mcore_out)
+
+
+def _bias_both_sides(dirs, input_ids):
+    """A critic dir with a zero / a non-zero score.bias through the Megatron bridge and ms-swift's HF-side loader."""
+    from swift.model import get_model_processor
+
+    from swift_plt.plugin.register import register_critic_swift
+    register_critic_swift()
+    out = {}
+    for name, d in dirs.items():
+        mcore = _critic_run(d, input_ids) if name == 'zero' else _critic_run_zeroed(d, input_ids)
+        try:
+            model, _ = get_model_processor(d, model_type='llama3_2_critic', torch_dtype=torch.float32)
+            with torch.no_grad():
+                hf = model.eval()(input_ids=input_ids).logits
+        except ValueError as e:
+            hf = str(e)
+        out[name] = (mcore, hf)
+    return out
+
+
+def test_head_bias_zero_loads_nonzero_refused_on_both_sides(dirs, input_ids, hf_reference, tmp_path):
+    """score.bias exactly zero (the 4.57.x format, on any transformers): loads, same values as the reference;
+    non-zero: refused by the Megatron bridge (before any weight) and by the HF-side loader, with the message."""
+    from safetensors.torch import load_file, save_file
+    sd = {k: v for k, v in load_file(os.path.join(dirs[1], 'model.safetensors')).items() if k != 'score.bias'}
+    variants = {}
+    for name, bias in (('zero', 0.0), ('nonzero', -0.125)):
+        d = tmp_path / name
+        d.mkdir()
+        save_file({**sd, 'score.bias': torch.tensor([bias])}, str(d / 'model.safetensors'))
+        for f in ('config.json', 'tokenizer.json', 'tokenizer_config.json'):
+            (d / f).write_bytes(open(os.path.join(dirs[1], f), 'rb').read())
+        variants[name] = str(d)
+    (out, ) = spawn(_bias_both_sides, 1, variants, input_ids)
+    assert _rel(out['zero'][0]['out'], hf_reference[0]) <= 1e-5, _rel(out['zero'][0]['out'], hf_reference[0])
+    assert _rel(out['zero'][1], hf_reference[0]) <= 1e-6, _rel(out['zero'][1], hf_reference[0])
+    message = 'has a non-zero value-head bias score.bias = [-0.125]; the critic\'s value head has no bias'
+    assert message in out['nonzero'][0].get('error', 'loaded'), out['nonzero'][0]
+    assert not out['nonzero'][0]['loaded_any']
+    assert isinstance(out['nonzero'][1], str) and message in out['nonzero'][1], out['nonzero'][1]

@@ -5,12 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.compat import requires_critic_transformers
 from harness.dist import spawn
 from swift_plt.critic import CRITIC_MODEL_TYPE
 from swift_plt.critic.arguments import resolve_critic_args
-
-pytestmark = requires_critic_transformers
 
 
 def make_args(model_type=CRITIC_MODEL_TYPE, **kw):

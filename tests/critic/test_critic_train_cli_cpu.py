@@ -9,11 +9,10 @@ import os
 import pytest
 
 from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
-from harness.compat import requires_critic_transformers
 from harness.critic_rows import write_critic_jsonl
 from harness.tiny import make_tiny_llama
 
-pytestmark = [pytest.mark.slow, requires_critic_transformers]
+pytestmark = pytest.mark.slow
 CUSTOM_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
 
 
