@@ -1,30 +1,7 @@
-"""transformers compatibility, in one place: the supported range and the RoPE work-around.
-
-Supported: transformers 4.57.x and 5.x below ms-swift 4.6's cap (``transformers<5.20.0`` in its requirements), i.e.
-``>=4.57,<5.20``; verified on 4.57.6 (CPU suite) and 5.17 (GPU) / 5.19 (CPU suite). setup.py declares the same
-range, and ``swift_plt.compat.versions.check_versions`` refuses anything else at activation.
-
-The RoPE hazard. mcore-bridge 1.6.5 (``mcore_bridge/model/rope.py:get_rope_inv_freq``) copies its own table into
-transformers' process-global ``ROPE_INIT_FUNCTIONS`` every time it computes RoPE frequencies (any mcore model build):
-
-* transformers 5.x has no ``'default'`` entry (each model computes its default RoPE itself), and mcore-bridge adds
-  one (its ``_compute_default_rope_parameters``, which reads ``config.rope_theta``). ``PreTrainedModel.
-  _init_weights`` of 5.19 prefers that table entry over the model's ``compute_default_rope_parameters``, so every
-  Llama built or loaded afterwards in the process fails: ``'LlamaConfig' object has no attribute 'rope_theta'``.
-* transformers 4.57.x has its own ``'default'`` entry, which the Llama rotary embedding needs; mcore-bridge does not
-  touch it on 4.x (it adds ``'default'`` only when transformers >= 5).
-
-``hf_rope_guard()`` gives every HF model built inside it transformers' own ``'default'``: none on 5.x (the entry is
-lifted), transformers' ``_compute_default_rope_parameters`` on 4.x; the previous entry is put back afterwards (so
-mcore-bridge's own computations are unaffected; it re-adds its entry on every call anyway). Product code that may
-build an HF model in a process where mcore-bridge ran uses it: the HF-side loaders of ``llama3_2_plt`` /
-``llama3_2_critic`` (``swift export --to_hf --test_convert_precision`` loads the HF model after the mcore one) and
-``swift_plt.recipe.export.check_vanilla``; so do the tiny-model generator (``swift_plt.tools.tiny``) and the test harness.
-
-The value-head critic (``llama3_2_critic``) runs on both majors. Its HF format is ``LlamaForTokenClassification
-(num_labels=1)`` as the installed transformers builds it: bias-free on 5.x (``token_classification_bias=False``), with
-a zero ``score.bias`` [1] on 4.57.x, whose head always has a bias (``critic_head_has_bias``); the Megatron head is
-bias-free on both, so a checkpoint with a non-zero ``score.bias`` is refused (``swift_plt.critic.keys``).
+"""transformers compatibility in one place: the supported range (as setup.py; ``check_versions`` refuses anything
+else), ``hf_rope_guard`` against mcore-bridge's RoPE-table hazard (docs/hf-backend.md#transformers-versions), and the
+critic's HF head: bias-free on 5.x, a zero ``score.bias`` on 4.57.x (``critic_head_has_bias``); the Megatron head is
+bias-free on both, so a non-zero ``score.bias`` is refused (``swift_plt.critic.keys``).
 """
 import contextlib
 import functools
@@ -64,10 +41,8 @@ def own_default_rope_fn():
 
 @contextlib.contextmanager
 def hf_rope_guard():
-    """Build/load HF models inside this block: ``ROPE_INIT_FUNCTIONS['default']`` is transformers' own for its
-    duration (lifted on 5.x, transformers' function on 4.x) and restored afterwards. See the module docstring. The
-    touch itself, with the guard that fails loudly if transformers moved it, is
-    ``swift_plt/compat/transformers_rope.py`` (``swift_plt.plugin.patches``: every upstream touch point)."""
+    """Build/load HF models inside this block: ``ROPE_INIT_FUNCTIONS['default']`` is transformers' own (none on 5.x)
+    for its duration and restored afterwards; the guarded touch is ``swift_plt.compat.transformers_rope``."""
     from swift_plt.compat.transformers_rope import own_default_rope
     with own_default_rope(is_transformers_5()):
         yield

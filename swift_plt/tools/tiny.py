@@ -1,12 +1,6 @@
 """Tiny offline fixtures: a random-init HF Llama with a trained byte-level BPE tokenizer, and ms-swift jsonl data.
-
-    swift-plt-make-tiny OUT_DIR            # -> OUT_DIR/model, OUT_DIR/train.jsonl (the quickstarts' model and data)
-    python -m swift_plt.tools.tiny OUT_DIR       # the same
-
-Nothing is downloaded. The corpus is generated from a fixed vocabulary of English words, so the tokenizer and the
-data are identical on every machine for a given seed. The test harness (``tests/harness``) re-exports these
-generators; HF models are built under ``swift_plt.compat.transformers.hf_rope_guard`` (safe after mcore-bridge ran in the
-process, on transformers 4.57.x and 5.x).
+``swift-plt-make-tiny OUT_DIR`` (or ``python -m swift_plt.tools.tiny``) writes the quickstarts' OUT_DIR/model and
+OUT_DIR/train.jsonl. Nothing is downloaded: a fixed word list, so a seed gives the same files on every machine.
 """
 import argparse
 import json
@@ -104,17 +98,10 @@ def make_tiny_llama(out_dir: str,
                     tie_word_embeddings: bool = False,
                     seed: int = 0,
                     max_position_embeddings: int = 512,
-                    initializer_range: float = 0.05,
+                    initializer_range: float = 0.05,  # > Llama's 0.02: logits far from zero, so comparisons tell
                     dtype: str = 'float32') -> str:
-    """Write a random-init ``LlamaForCausalLM`` (``dtype`` safetensors, fp32 by default) and its tokenizer to
-    ``out_dir``; return it. ``tie_word_embeddings=True`` writes no ``lm_head.weight`` (as Llama-3.2-1B/3B);
-    ``dtype='bfloat16'`` as Llama-3.2 ships (ms-swift converts an fp32 checkpoint to fp16/bf16 Megatron weights, so
-    only a bf16 checkpoint round-trips HF -> mcore -> HF bit for bit).
-
-    The tokenizer is a byte-level BPE (any text encodes) with ``<unk> <s> </s> <pad>`` = ids 0..3 and at most
-    ``vocab_size`` tokens. ``initializer_range`` is larger than Llama's 0.02 so that logits are far from zero and
-    a comparison against them means something.
-    """
+    """Write a random-init ``LlamaForCausalLM`` (``dtype`` safetensors; only bf16 round-trips HF -> mcore -> HF bit
+    for bit) and its BPE tokenizer (``<unk> <s> </s> <pad>`` = ids 0..3) to ``out_dir``; return it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if vocab_size < 300:
@@ -165,12 +152,8 @@ class _fork_rng:
 
 
 def make_jsonl(path: str, rows: int = 64, seed: int = 0, max_sentences: int = 3) -> str:
-    """Write ``rows`` ms-swift pretraining rows ``{"messages": [{"role": "assistant", "content": text}]}``.
-
-    Each text is 1 to ``max_sentences`` sentences (with ``make_tiny_llama``'s tokenizer one sentence is ~15-30
-    tokens), shorter texts more frequent, so batches need padding and, at ``--max_length 64``, some rows exceed the
-    limit (ms-swift's default ``--truncation_strategy delete`` drops them).
-    """
+    """Write ``rows`` ms-swift pretraining rows (one assistant message) of 1 to ``max_sentences`` sentences (~15-30
+    tokens each), short ones more often: batches need padding and some rows exceed ``--max_length 64``."""
     rng = random.Random(seed)
     pool = sentences(600, seed + 1)
     counts = [n for n in range(1, max_sentences + 1) for _ in range(max_sentences + 1 - n)]  # 1 most frequent
