@@ -9,9 +9,7 @@ probe wraps them exactly as it wraps ms-swift's. Runs in a few seconds on 2 core
 import json
 import os
 import stat
-import subprocess
 import sys
-import textwrap
 import time
 
 import pytest

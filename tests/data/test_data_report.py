@@ -8,7 +8,7 @@ import pytest
 import torch
 from harness.host_sync import count_host_syncs
 
-from swift_plt.data.report import (DataReport, DocCounts, NoLossDataError, build_report, check_report,
+from swift_plt.data.report import (DocCounts, NoLossDataError, build_report, check_report,
                                    check_step_loss_tokens, document_counts, estimate_loss_tokens, expected_counts,
                                    length_bucket,
                                    max_docs_from_env, min_fraction_from_env, read_reports, write_reports)

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 pytest.importorskip('triton')
 
 from harness.dist import free_port  # noqa: E402
-from swift_plt.patch_level import layout as patch_layout, loss as patch_loss  # noqa: E402
+from swift_plt.patch_level import loss as patch_loss  # noqa: E402
 from swift_plt.patch_level import loss_triton  # noqa: E402
 
 IGN = -100

@@ -9,7 +9,6 @@ end-to-end form (a `megatron pt --patch_size 4` in such a venv) is test_cli_cpu'
 python; `.ci/run` does it after `pip install -e`."""
 import json
 import os
-import re
 import subprocess
 import sys
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from swift_plt.recipe import cli, export
-from swift_plt.recipe.options import RecipeError, parse_options
+from swift_plt.recipe.options import parse_options
 from swift_plt.recipe.plan import make_plan
 from swift_plt.recipe.process import export_launch, failure_cause, pick_launch, run_logged
 from swift_plt.recipe.stages import plan_steps, stage_launch
@@ -21,14 +21,6 @@ def never():
 
 def fits_all(n):
     return None
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    d = tmp_path / 'model'
-    d.mkdir()
-    (d / 'config.json').write_text('{"model_type": "llama"}')
-    return str(d)
 
 
 def recipe_argv(model_dir, out, *extra):

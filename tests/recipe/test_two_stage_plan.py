@@ -172,14 +172,6 @@ def test_bad_shapes_are_refused(kwargs, message):
 
 
 # ---------------------------------------------------------------------------------------------- runner (dry)
-@pytest.fixture
-def model_dir(tmp_path):
-    d = tmp_path / 'model'
-    d.mkdir()
-    (d / 'config.json').write_text('{"model_type": "llama"}')
-    return str(d)
-
-
 def base_argv(model_dir, out, *extra, stage1_batch='sequences'):
     """N=3840, λ=0.8, T=64, G=4, K=4: stage 1 gets 3072 tokens, 3 steps of 4 x 256 tokens ('sequences') or 12 of
     1 x 256 ('tokens', the default); stage 2 gets 768 tokens, 3 steps of 4 x 64."""
