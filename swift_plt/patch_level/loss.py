@@ -83,6 +83,13 @@ def patch_nll(logits: torch.Tensor,
     raise ValueError(f"PLT: impl must be 'torch', 'triton' or None, not {impl!r}.")
 
 
+def _check_labels(logits: torch.Tensor, labels: torch.Tensor, patch_size: int) -> None:
+    P, B, _ = logits.shape
+    if labels.shape != (B, P * patch_size):
+        raise ValueError(f'PLT: labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)} '
+                         f'at patch_size {patch_size}.')
+
+
 def plt_token_losses(logits: torch.Tensor,
                      labels: torch.Tensor,
                      patch_size: int,
@@ -93,9 +100,7 @@ def plt_token_losses(logits: torch.Tensor,
     """Per-token PLT losses [B, S] float32 from logits [P, B, V_local] (vocab ids from ``vocab_start``) and labels
     [B, S = K*P]: entry t is -log p(labels[t] | patch t//K - 1), 0 where -100 and in the first patch (must be -100)."""
     P, B, _ = logits.shape
-    if labels.shape != (B, P * patch_size):
-        raise ValueError(f'PLT: labels {tuple(labels.shape)} do not match logits {tuple(logits.shape)} '
-                         f'at patch_size {patch_size}.')
+    _check_labels(logits, labels, patch_size)
     target = shift_patch_targets(labels, patch_size)
     nll = patch_nll(logits, target, vocab_start, group, impl, inplace_grad)  # [P, B, K], patch p -> tokens of p+1
     nll = nll.permute(1, 0, 2)[:, :-1]  # [B, P-1, K]
@@ -118,9 +123,7 @@ def plt_local_token_losses(logits: torch.Tensor,
     """``plt_token_losses`` for labels rolled by K (``roll_patch_labels``, CP): [B, S] float32, entry t is
     -log p(rolled_labels[t] | patch t // K), 0 where -100; summed over ranks, the same (patch, target) pairs."""
     P, B, _ = logits.shape
-    if rolled_labels.shape != (B, P * patch_size):
-        raise ValueError(f'PLT: labels {tuple(rolled_labels.shape)} do not match logits {tuple(logits.shape)} '
-                         f'at patch_size {patch_size}.')
+    _check_labels(logits, rolled_labels, patch_size)
     target = rolled_labels.reshape(B, P, patch_size).permute(1, 0, 2).contiguous()
     nll = patch_nll(logits, target, vocab_start, group, impl, inplace_grad)  # [P, B, K]
     return nll.permute(1, 0, 2).reshape(B, P * patch_size)
