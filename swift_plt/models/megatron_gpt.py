@@ -1,7 +1,8 @@
-"""The Megatron side of ``llama3_2_plt``: config, GPTModel and loader for mcore-bridge. At K > 1 ``PLTGPTModel``
-pools token embeddings into patches, hands upstream's forward patch-level positions, masks and THD boundaries, and
-returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
-docs/parallel-layouts.md). K=1: upstream's methods as is. The weights are Llama's (mcore-bridge's GPTBridge).
+"""The Megatron side of PLT: config, GPTModel and loader for mcore-bridge, for every `gpt` family
+(swift_plt/models/families.py) and ``llama3_2_plt``. At K > 1 ``PLTGPTModel`` pools token embeddings into patches,
+hands upstream's forward patch-level positions, masks and THD boundaries (so attention, MLA's RoPE and MoE routing run
+over patches), and returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
+docs/parallel-layouts.md, families: docs/model-families.md). K=1: upstream's methods as is.
 """
 import copy
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import torch
 from mcore_bridge.config import ModelConfig
 from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
+from megatron.core.transformer.moe.router import TopKRouter as McoreTopKRouter
 
 from swift_plt.patch_level.layout import (
     check_sequence_parallel_length,
@@ -39,6 +41,10 @@ class PLTModelConfig(ModelConfig):
                 'mtp_num_layers': bool(self.mtp_num_layers),
                 'is_multimodal': self.is_multimodal,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
+                # a window or a hash route counts tokens: at patch level it would count patches
+                'window_size (sliding-window attention)': self.window_size is not None,
+                'moe_n_hash_layers (hash routing on token ids)': bool(getattr(self, 'moe_n_hash_layers', 0)),
+                'experimental_attention_variant': self.experimental_attention_variant is not None,
             }
             bad = [k for k, v in unsupported.items() if v]
             if bad:
@@ -160,5 +166,36 @@ class PLTGPTModel(GPTModel):
         return plt_token_losses(logits, labels, k, vocab_start, group, inplace_grad=True)
 
 
+def scale_router_losses(model, patch_size: int) -> None:
+    """At K > 1 with per-token loss (ms-swift's default for pre-training), each router's aux and z-loss
+    coefficients times K: megatron weights these losses by the routed rows of the micro-batch, which are patches,
+    while the LM loss is normalised by label tokens (K per patch). Times K keeps their weight what it is at K=1.
+    Values logged for these losses are divided by the coefficient, so they stay comparable across K."""
+    if patch_size == 1 or not model.config.calculate_per_token_loss:
+        return
+    for module in model.modules():
+        if isinstance(module, McoreTopKRouter):
+            config = copy.copy(module.config)
+            coeff = config.moe_aux_loss_coeff
+            config.moe_aux_loss_coeff = [c * patch_size for c in coeff] if isinstance(coeff, list) else \
+                coeff * patch_size
+            if config.moe_z_loss_coeff is not None:
+                config.moe_z_loss_coeff = config.moe_z_loss_coeff * patch_size
+            module.config = config
+
+
 class PLTModelLoader(ModelLoader):
     model_cls = PLTGPTModel
+
+    def build_model(self, *args, **kwargs):
+        model = super().build_model(*args, **kwargs)
+        scale_router_losses(model, self.config.patch_size)
+        return model
+
+
+def plt_loader(upstream_loader):
+    """The PLT loader for a family whose mcore-bridge loader is ``upstream_loader`` (mcore-bridge's default one)."""
+    if upstream_loader is not ModelLoader:
+        raise RuntimeError(f'mcore-bridge builds the `gpt` families with {upstream_loader.__name__}, not the '
+                           'ModelLoader swift-plt was verified against (mcore-bridge 1.6.5): update swift-plt.')
+    return PLTModelLoader

@@ -1,37 +1,65 @@
 """``--patch_size``: resolution (CLI > HF config.json > 1) and every check that must fail before step 1."""
+from typing import Optional
+
 from swift_plt import PLT_MODEL_TYPE
+from swift_plt.models import families
 from swift_plt.patch_level import patch_size as patch_size_rule
 
-PATCH_SIZE_HELP = ('Patch-level training: number of consecutive tokens K pooled into one patch (model type '
-                   f'{PLT_MODEL_TYPE} only). 1 = ordinary token-level training. Default: `patch_size` of the HF '
-                   'config.json, else 1.')
+PATCH_SIZE_HELP = ('Patch-level training: number of consecutive tokens K pooled into one patch (decoder-only '
+                   f'families: {families.supported_list()}). 1 = ordinary token-level training. Default: 1 '
+                   f'(model type {PLT_MODEL_TYPE}: `patch_size` of the HF config.json, else 1).')
+
+
+def _meta(args):
+    """Megatron arguments: mcore-bridge's model meta; HF-side arguments (no Megatron meta): ms-swift's."""
+    return getattr(args, 'megatron_model_meta', None) or getattr(args, 'model_meta', None)
 
 
 def is_plt_model(args) -> bool:
-    """Megatron arguments: mcore-bridge's model meta; HF-side arguments (no Megatron meta): ms-swift's."""
-    meta = getattr(args, 'megatron_model_meta', None) or getattr(args, 'model_meta', None)
+    """The design's model type ``llama3_2_plt``, whose config.json may carry ``patch_size``."""
+    meta = _meta(args)
     return meta is not None and meta.model_type == PLT_MODEL_TYPE
 
 
+def plt_model_refusal(args) -> Optional[str]:
+    """None where this run's model trains at K > 1, else why not and what to do."""
+    if is_plt_model(args):
+        return None
+    from swift_plt.critic.arguments import is_critic
+    if is_critic(args):
+        return f'`{args.model_type}` is a critic (value head), trained token by token. Use --patch_size 1.'
+    meta = getattr(args, 'megatron_model_meta', None)
+    if meta is not None and meta.model_type not in (families.MCORE_GPT_TYPE, families.PLT_GPT_MODEL_TYPE):
+        return (f'`{args.model_type}` is built by mcore-bridge as `{meta.model_type}`, not the GPT decoder PLT wraps '
+                f'(supported: {families.supported_list()}). Use --patch_size 1.')
+    config = getattr(getattr(args, 'model_info', None), 'config', None)
+    hf_type = getattr(config, 'model_type', None) or getattr(args, 'model_type', None)
+    return families.plt_refusal(hf_type, bool(getattr(args, 'is_multimodal', False)))
+
+
 def resolve_patch_size(args) -> int:
-    """Set ``args.patch_size`` to the effective K and raise ValueError (what is wrong, what to do) on bad input."""
-    plt = is_plt_model(args)
-    config = getattr(getattr(args, 'model_info', None), 'config', None) if plt else None
+    """Set ``args.patch_size`` to the effective K and raise ValueError (what is wrong, what to do) on bad input.
+    Megatron arguments at K > 1 get the PLT model meta of their family (``use_plt_model_meta``)."""
+    config = getattr(getattr(args, 'model_info', None), 'config', None) if is_plt_model(args) else None
     k = patch_size_rule.resolve_patch_size(args.patch_size, config)
-    check_patch_size(k, args.model_type, plt)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f'--patch_size must be an integer >= 1 (1 = token-level training), got {k!r}.')
     args.patch_size = k
     if k > 1:
+        refusal = plt_model_refusal(args)
+        if refusal:
+            raise ValueError(f'--patch_size {k}: {refusal}')
         check_plt_supported(args, k)
+        use_plt_model_meta(args)
     return k
 
 
-def check_patch_size(k, model_type: str, plt: bool) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f'--patch_size must be an integer >= 1 (1 = token-level training), got {k!r}.')
-    if k > 1 and not plt:
-        raise ValueError(f'--patch_size {k}: model type `{model_type}` has no patch-level training. Use '
-                         f'`--model_type {PLT_MODEL_TYPE} --custom_register_path custom_model/llama.py` (Llama '
-                         f'checkpoints), or drop --patch_size.')
+def use_plt_model_meta(args) -> None:
+    """Megatron arguments of a `gpt` family: build the model through PLT's mcore-bridge meta (``PLTGPTModel``)."""
+    meta = getattr(args, 'megatron_model_meta', None)
+    if meta is not None and meta.model_type == families.MCORE_GPT_TYPE:
+        from swift_plt.plugin.register import plt_gpt_model_meta
+        args.megatron_model_meta = plt_gpt_model_meta()
 
 
 def check_plt_supported(args, k: int) -> None:
@@ -42,14 +70,12 @@ def check_plt_supported(args, k: int) -> None:
         problems.append(f'rlhf_type={args.rlhf_type} (PLT is a pre-training objective; use `megatron pt`/`sft`)')
     if getattr(args, 'mtp_num_layers', None):
         problems.append('--mtp_num_layers (multi-token prediction is not supported with PLT; drop it)')
-    if getattr(args, 'is_multimodal', False):
-        problems.append('a multimodal model (PLT supports text-only Llama models)')
     if (getattr(args, 'context_parallel_size', 1) or 1) > 1 and getattr(args, 'cp_partition_mode',
                                                                          'zigzag') != 'zigzag':
-        # Transformer Engine's CP attention (Llama's) and megatron's RoPE slicing for padded batches implement the
-        # zigzag layout only; the contiguous split is a DeepSeek-V4 layout (its own attention).
+        # Transformer Engine's CP attention and megatron's RoPE slicing for padded batches implement the zigzag
+        # layout only; the contiguous split is a DeepSeek-V4 layout (its own attention).
         problems.append(f'--cp_partition_mode {args.cp_partition_mode} with --context_parallel_size > 1 (the '
-                        'attention of a dense Llama under context parallel assumes the zigzag split; use '
+                        'attention of these decoders under context parallel assumes the zigzag split; use '
                         '--cp_partition_mode zigzag, the default)')
     for name in ('max_length', 'packing_length', 'seq_length'):
         value = getattr(args, name, None)
@@ -84,7 +110,7 @@ def resolve_patch_size_hf(args, command: str) -> int:
     if command != 'train':
         raise ValueError(f'--patch_size {k}: a patch-level (PLT) model does not generate token by token, so only '
                          'training (swift pt/sft, megatron pt/sft) and swift export take --patch_size > 1. Use the '
-                         'token-level model here: drop --patch_size (checkpoints are saved as plain Llama).')
+                         'token-level model here: drop --patch_size (checkpoints are saved as the plain model).')
     problems = [msg for name, is_set, msg in HF_UNSUPPORTED if is_set(getattr(args, name, None))]
     loss_scale = getattr(args, 'loss_scale', None)
     if loss_scale is not None and not getattr(args, 'is_binary_loss_scale', None):

@@ -1,5 +1,5 @@
-"""Registration of ``llama3_2_plt`` and ``llama3_2_critic`` with ms-swift (HF side) and mcore-bridge (Megatron side).
-Idempotent."""
+"""Registration of ``llama3_2_plt`` and ``llama3_2_critic`` with ms-swift (HF side) and mcore-bridge (Megatron side),
+and of ``gpt_plt``, the mcore-bridge model type every `gpt` family trains through at K > 1. Idempotent."""
 from swift_plt import PLT_MODEL_TYPE
 from swift_plt.critic import CRITIC_MODEL_TYPE
 
@@ -36,6 +36,22 @@ def register_mcore() -> bool:
     register_model(
         ModelMeta(PLT_MODEL_TYPE, [PLT_MODEL_TYPE], loader=PLTModelLoader, config_cls=PLTModelConfig), exist_ok=True)
     return True
+
+
+def plt_gpt_model_meta():
+    """mcore-bridge's meta of ``gpt_plt``: its `gpt` meta (bridge, loader) with ``PLTGPTModel`` and ``PLTModelConfig``;
+    no HF model type maps to it, so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
+    from mcore_bridge.model.register import ModelMeta, get_model_meta, register_model
+
+    from swift_plt.models.families import MCORE_GPT_TYPE, PLT_GPT_MODEL_TYPE
+    from swift_plt.models.megatron_gpt import PLTModelConfig, plt_loader
+    meta = get_model_meta(PLT_GPT_MODEL_TYPE)
+    if meta is None:
+        gpt = get_model_meta(MCORE_GPT_TYPE)
+        meta = ModelMeta(PLT_GPT_MODEL_TYPE, [], bridge_cls=gpt.bridge_cls, loader=plt_loader(gpt.loader),
+                         config_cls=PLTModelConfig)
+        register_model(meta)
+    return meta
 
 
 def register_critic_swift() -> None:

@@ -202,13 +202,6 @@ def test_cli_entry_point(lm, tmp_path):
     assert 'wrote' in proc.stdout and os.path.exists(tmp_path / 'out' / 'model.safetensors')
 
 
-def test_patch_level_training_is_refused_for_the_critic():
-    from swift_plt.plugin.arguments import check_patch_size
-    with pytest.raises(ValueError, match=f'model type `{CRITIC_MODEL_TYPE}` has no patch-level training'):
-        check_patch_size(4, CRITIC_MODEL_TYPE, False)
-    check_patch_size(1, CRITIC_MODEL_TYPE, False)
-
-
 def test_classify_mcore_checkpoint_head():
     from swift_plt.critic.keys import classify_mcore_checkpoint
     assert classify_mcore_checkpoint((1, H), H, 'ckpt') == 'critic'

@@ -25,7 +25,7 @@ PATCHES (id: upstream target -- what and why)
     ``isinstance`` checks of ``_set_linear_is_expert``) are rebound to a class nothing is an instance of.
  P4 ``mcore_bridge.bridge.gpt_bridge.GPTBridge._set_state_dict`` (1.6.5): the TE fused-norm keys
     ``self_attention.linear_qkv.layer_norm_weight`` / ``mlp.linear_fc1.layer_norm_weight`` are mapped to the local
-    spec's ``input_layernorm.weight`` / ``pre_mlp_layernorm.weight`` (HF->mcore load and mcore->HF export).
+    spec's ``input_layernorm.weight`` / ``pre_mlp_layernorm.weight`` (HF->mcore load and mcore->HF export); MLA's: P18.
  P5 ``mcore_bridge.config.ModelConfig.__post_init__`` (1.6.5, class level, so plugin config_cls subclasses inherit
     it): ``persist_layer_norm`` (ModelConfig default True; torch norm asserts False) and ``masked_softmax_fusion``
     (needs the CUDA softmax kernels) are forced False.
@@ -73,6 +73,28 @@ PATCHES (id: upstream target -- what and why)
     harness is installed in the same process (tests/patch_level/test_plt_host_sync.py does): ``isinstance`` then raised a
     TypeError in any later test of that process that wraps a model with peft (test_data_report's LoRA case). They
     become ``_NoTEModule`` (P3's class: nothing is an instance), as in the model spec; no layer here is a TE layer.
+ P17 MoE experts, in P3's layer spec (``moe_mla.localize_te_specs``): mcore-bridge 1.6.5's ``GPTBridge._set_mlp_state``
+    maps experts to TE's grouped layout (``mlp.experts.linear_fc1.weight{i}``, ``TEGroupedMLP`` of megatron-core 0.16.1
+    with ``TEColumnParallelGroupedLinear`` / ``TERowParallelGroupedLinear``); the local spec gives ``GroupedMLP``
+    (needs the grouped_gemm package, ``moe_grouped_gemm=True``, ms-swift's default) or ``SequentialMLP`` (other keys).
+    Every MoE layer gets megatron's own ``TEGroupedMLP`` with ``moe_mla.{Column,Row}ParallelGroupedLinear``: TE
+    ``GroupedLinear`` semantics on CPU (per-expert ``F.linear`` over the ``m_splits`` rows; only this rank's expert-TP
+    slice, no communication, as TE with ``explicit_expert_comm``; the parameter attributes TE and megatron set:
+    ``tensor_model_parallel`` / ``partition_dim``, ``allreduce = not (is_expert and EP > 1)``; TE's grouped sharded
+    state dict without ``_extra_state``). Whatever ``moe_grouped_gemm`` says: the bridge knows no other layout.
+ P18 MLA, in P3's layer spec and P4: megatron-core 0.16.1 ``MultiLatentAttention`` builds its core attention with
+    TE's ``k_channels`` / ``v_channels``, which the local ``DotProductAttention`` refuses (TypeError). The local spec's
+    MLA core attention becomes ``moe_mla.MLACoreAttention`` (``DotProductAttention`` with q/k head dim ``k_channels``,
+    output ``heads * v_channels``, MLA's ``softmax_scale``; masks and THD via P14). P4 also maps the bridge's TE
+    fused-norm keys ``linear_q_up_proj.layer_norm_weight`` / ``linear_kv_up_proj.layer_norm_weight`` to the local
+    spec's ``q_layernorm.weight`` / ``kv_layernorm.weight``. The local spec's MLA down projections are
+    ``ColumnParallelLinear`` where TE has duplicated ``TELinear``: TP > 1 with MLA is not supported (the bridge loads
+    them unsplit).
+ P19 ``megatron.core.transformer.moe.moe_utils`` (0.16.1): ``RouterGatingLinearFunction`` (the router GEMM when
+    ``moe_router_dtype`` is set, as mcore-bridge does) tests ``te_general_gemm is not None``, a name the module only
+    defines when TE imports: NameError without TE. It is defined as None, so the function takes its torch path.
+ P20 P9's null ``torch.cuda.Stream``: ``record_event()`` returns a null Event, not None (megatron-core 0.16.1's
+    alltoall MoE token dispatcher records one on its D2H stream and later calls ``.synchronize()`` on it).
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -95,7 +117,7 @@ whole process; building/loading an HF Llama afterwards fails (``'LlamaConfig' ob
 import os
 
 from . import _imports
-from ._cuda_to_cpu import enter_mode, patch_torch_cuda
+from ._cuda_to_cpu import NullStream, enter_mode, patch_torch_cuda
 
 _INSTALLED = False
 
@@ -190,6 +212,8 @@ def _patch_model_register(register):
                 qk_l2_norm=self.config.qk_l2_norm,
                 vp_stage=vp_stage)
             self._deepcopy_layer_spec(transformer_layer_spec)
+        from .moe_mla import localize_te_specs
+        localize_te_specs(transformer_layer_spec)  # P17 / P18
         if self.config.experimental_attention_variant == 'dsa':
             raise NotImplementedError('CPU harness: DSA attention needs the TE layer spec.')
         return transformer_layer_spec
@@ -213,6 +237,8 @@ def _patch_model_register(register):
 _TE_FUSED_NORM_KEYS = {
     'self_attention.linear_qkv.layer_norm_weight': 'input_layernorm.weight',
     'mlp.linear_fc1.layer_norm_weight': 'pre_mlp_layernorm.weight',
+    'linear_q_up_proj.layer_norm_weight': 'q_layernorm.weight',  # P18 (MLA; relative to self_attention)
+    'linear_kv_up_proj.layer_norm_weight': 'kv_layernorm.weight',
 }
 
 
@@ -422,6 +448,12 @@ def _patch_tuners_patcher(patcher):
             setattr(patcher, name, _NoTEModule)
 
 
+# --------------------------------------------------------------------------------------------------------- P19
+def _patch_moe_utils(moe_utils):
+    if not hasattr(moe_utils, 'te_general_gemm'):
+        moe_utils.te_general_gemm = None
+
+
 def install():
     """Apply all patches (idempotent). Call before importing mcore_bridge / swift.megatron."""
     global _INSTALLED
@@ -430,6 +462,7 @@ def install():
     _INSTALLED = True
     import torch  # noqa: F401  (P8/P9 patch torch itself)
     patch_torch_cuda()  # P9
+    NullStream.record_event = lambda self, event=None: NullStream()  # P20
     enter_mode()  # P8
     _imports.ensure_finder()
     _install_standins()  # P1
@@ -447,6 +480,7 @@ def install():
     if os.environ.get('SWIFT_PLT_CPU_PACK_AS_CP'):
         _imports.when_imported('swift.template.base', _patch_pack_as_cp)  # P15
     _imports.when_imported('mcore_bridge.tuners.patcher', _patch_tuners_patcher)  # P16
+    _imports.when_imported('megatron.core.transformer.moe.moe_utils', _patch_moe_utils)  # P19
     from .cp_attention import enable_from_env
     enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 

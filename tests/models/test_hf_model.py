@@ -97,7 +97,7 @@ def test_num_items_in_batch_and_bad_lengths(hf_dir):
 
 def test_generate_refuses_at_k_gt_1(hf_dir):
     model = load(hf_dir, 4)
-    with pytest.raises(NotImplementedError, match=r'patch_size=4: .* does not generate token by token.*plain Llama'):
+    with pytest.raises(NotImplementedError, match=r'patch_size=4: .* does not generate token by token.*plain model \(LlamaForCausalLM'):
         model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2)
     with pytest.raises(NotImplementedError, match='does not generate token by token'):
         model(input_ids=torch.tensor([[5, 6, 7, 8]]), use_cache=True)

@@ -31,9 +31,33 @@ def test_other_model_types_ignore_config_and_accept_k1():
     assert resolve_patch_size(make_args(model_type='llama', patch_size=1)) == 1
 
 
-def test_patch_size_on_non_plt_model_type_is_an_error():
-    with pytest.raises(ValueError, match=r'model type `llama` has no patch-level training.*--model_type llama3_2_plt'):
-        resolve_patch_size(make_args(model_type='llama', patch_size=4))
+@pytest.mark.parametrize('kw, message', [
+    (dict(model_type='gpt_oss'), r'`gpt_oss` is not supported: its sliding-window attention'),
+    (dict(model_type='deepseek_v32'), r'`deepseek_v32` is not supported: DeepSeek sparse attention'),
+    (dict(model_type='qwen3_next', megatron_model_meta=SimpleNamespace(model_type='qwen3_next')),
+     r'built by mcore-bridge as `qwen3_next`, not the GPT decoder'),
+    (dict(model_type='bert', megatron_model_meta=None), r'model type `bert` \(config.json\) has no patch-level'),
+    (dict(model_type='qwen3', is_multimodal=True), r'`qwen3` is a multimodal model'),
+    (dict(model_type='llama3_2_critic', megatron_model_meta=SimpleNamespace(model_type='llama3_2_critic')),
+     r'`llama3_2_critic` is a critic'),
+])
+def test_unsupported_models_are_refused_at_k_gt_1(kw, message):
+    with pytest.raises(ValueError, match=r'--patch_size 4: .*' + message + r'.*Use --patch_size 1'):
+        resolve_patch_size(make_args(patch_size=4, **kw))
+    assert resolve_patch_size(make_args(patch_size=1, **kw)) == 1
+
+
+@pytest.mark.parametrize('model_type', ['llama', 'qwen2', 'qwen3', 'qwen3_moe', 'deepseek_v3', 'kimi_k2'])
+def test_gpt_families_train_at_k_gt_1_through_the_plt_model_meta(model_type, monkeypatch):
+    """K > 1: mcore-bridge's `gpt` meta is replaced by PLT's (PLTGPTModel); K=1 keeps upstream's meta object."""
+    import swift_plt.plugin.register as register
+    plt_meta = SimpleNamespace(model_type='gpt_plt')
+    monkeypatch.setattr(register, 'plt_gpt_model_meta', lambda: plt_meta)
+    args = make_args(patch_size=4, model_type=model_type)
+    assert resolve_patch_size(args) == 4 and args.megatron_model_meta is plt_meta
+    args = make_args(patch_size=1, model_type=model_type)
+    upstream = args.megatron_model_meta
+    assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
 
 
 @pytest.mark.parametrize('k', [0, -1, True])
@@ -46,7 +70,6 @@ def test_patch_size_below_one(k):
     (dict(max_length=250, seq_length=250), r'--max_length 250 is not a multiple of --patch_size 4 \(use 248 or 252\)'),
     (dict(packing_length=1022), r'--packing_length 1022 is not a multiple'),
     (dict(mtp_num_layers=1), r'--mtp_num_layers'),
-    (dict(is_multimodal=True), r'multimodal'),
     (dict(task_type='seq_cls'), r'--task_type seq_cls'),
     (dict(rlhf_type='dpo'), r'rlhf_type=dpo'),
     (dict(context_parallel_size=2, cp_partition_mode='contiguous'), r'--cp_partition_mode contiguous'),

@@ -160,13 +160,16 @@ def test_hf_base_arguments_patch(tmp_path, monkeypatch):
         args.get_model_processor()
         assert args.patch_size == k and calls[-1].get('patch_size') == loader_k, (cls, kw)
     upstream_kwargs = dict(calls[2])  # model type llama: the kwargs upstream's get_model_processor passes
+    # another family at K > 1 (llama here): the loader gets the family's PLT auto class, K=1 nothing
+    PretrainArguments(**dict(train, model_type='llama', patch_size=4)).get_model_processor()
+    assert calls[-1]['auto_model_cls'].__name__ == 'PLTAutoModelForCausalLM' and 'patch_size' not in calls[-1]
+    ExportArguments(model=model_dir, template='llama', model_type='llama', patch_size=4).get_model_processor()
+    assert 'auto_model_cls' not in calls[-1] or calls[-1]['auto_model_cls'] is None
     monkeypatch.setattr(PretrainArguments, 'get_model_processor', upstream.get_model_processor)
     PretrainArguments(**dict(train, model_type='llama')).get_model_processor()
     assert calls[-1] == upstream_kwargs
     with pytest.raises(ValueError, match='does not generate token by token'):
         InferArguments(model=model_dir, template='llama', model_type='llama3_2_plt', patch_size=4)
-    with pytest.raises(ValueError, match=r'model type `llama` has no patch-level training'):
-        PretrainArguments(**dict(train, model_type='llama', patch_size=4))
 
 
 def test_hf_loader_builds_plt_model_at_k_gt_1_only(tmp_path):

@@ -1,6 +1,7 @@
 """ms-swift ``BaseArguments`` (base of every HF-side and Megatron argument class): adds ``--patch_size``.
 ``__post_init__``: HF-side commands resolve and check K before the model loads (Megatron: its own patch).
-``get_model_processor``: hands K to the ``llama3_2_plt`` loader (K when training, else 1: weights do not depend on K).
+``get_model_processor``: hands K to the ``llama3_2_plt`` loader (K when training, else 1: weights do not depend on K);
+for another family at K > 1 in training, loads the family's PLT class (``plt_auto_model_class``).
 """
 from dataclasses import dataclass, field
 from typing import Optional
@@ -42,8 +43,12 @@ def apply(module):
                 resolve_patch_size_hf(self, command)
 
         def get_model_processor(self, **kwargs):
+            training = _command(self) == 'train'
             if is_plt_model(self) and 'patch_size' not in kwargs:
-                kwargs['patch_size'] = self.patch_size if _command(self) == 'train' else 1
+                kwargs['patch_size'] = self.patch_size if training else 1
+            elif training and (self.patch_size or 1) > 1 and kwargs.get('load_model', True):
+                from swift_plt.models.hf_causal_lm import plt_auto_model_class
+                kwargs.setdefault('auto_model_cls', plt_auto_model_class(self.patch_size))
             return super().get_model_processor(**kwargs)
 
     swap_class(module, upstream, BaseArguments)

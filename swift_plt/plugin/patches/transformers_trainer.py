@@ -1,4 +1,4 @@
-"""transformers ``Trainer.get_batch_samples`` (ms-swift's HF backend): for ``PLTLlamaForCausalLM`` at K > 1, a step
+"""transformers ``Trainer.get_batch_samples`` (ms-swift's HF backend): for a PLT model (``PLTCausalLM``) at K > 1, a step
 with micro-batches but no loss token fails before its forward (``check_step_loss_tokens``; one all-reduce and one
 host copy per step). Other models, K=1: upstream's result.
 """
@@ -11,14 +11,14 @@ VERIFIED = 'transformers 5.19 (ms-swift 4.6.0)'
 
 
 def model_patch_size(model) -> int:
-    """K of a (possibly DDP/PEFT-wrapped) ``PLTLlamaForCausalLM``; 1 for any other model (a plain Llama keeps a
-    ``patch_size`` of its config.json at --patch_size 1, which must not count)."""
-    from swift_plt.models.hf_llama import PLTLlamaForCausalLM
+    """K of a (possibly DDP/PEFT-wrapped) PLT model; 1 for any other model (a plain model keeps a ``patch_size``
+    of its config.json at --patch_size 1, which must not count)."""
+    from swift_plt.models.hf_causal_lm import PLTCausalLM
     for _ in range(4):
-        if isinstance(model, PLTLlamaForCausalLM):
+        if isinstance(model, PLTCausalLM):
             return model.patch_size
         if hasattr(model, 'get_base_model'):  # PEFT (LoRA): its .base_model is the LoraModel, whose own
-            model = model.get_base_model()  # .base_model would skip past the PLT model to the inner LlamaModel
+            model = model.get_base_model()  # .base_model would skip past the PLT model to the inner decoder
             continue
         model = getattr(model, 'module', None) or getattr(model, 'base_model', None)
         if model is None:

@@ -1,0 +1,63 @@
+"""Which model families take ``--patch_size K > 1``: the decoders mcore-bridge builds as its ``gpt`` type, keyed by
+the HF ``model_type`` of config.json. PLT only wraps the decoder (pooling, positions, masks, loss), so one
+``PLTGPTModel`` serves them all (docs/model-families.md). Imports no torch."""
+from typing import Optional
+
+# HF model_type -> the structure PLT has to get right (what the CPU tests cover per structure)
+FAMILIES = {
+    'llama': 'dense',
+    'qwen2': 'dense',  # qkv bias
+    'qwen3': 'dense',  # QK-norm
+    'internlm3': 'dense',
+    'mimo': 'dense',  # its MTP layers are used only with --mtp_num_layers, refused at K > 1
+    'ernie4_5': 'dense',
+    'qwen2_moe': 'moe',  # shared expert with a sigmoid gate
+    'qwen3_moe': 'moe',
+    'deepseek': 'moe',
+    'dots1': 'moe',
+    'ernie4_5_moe': 'moe',
+    'glm4_moe': 'moe',
+    'deepseek_v2': 'mla+moe',
+    'deepseek_v3': 'mla+moe',
+    'kimi_k2': 'mla+moe',
+    'glm4_moe_lite': 'mla+moe',
+}
+
+# families mcore-bridge builds as `gpt` that PLT refuses, and why
+REFUSED = {
+    'gpt_oss': ('its sliding-window attention and attention sinks count tokens: at patch level a window of W would '
+                'span W*K tokens, which is a different model'),
+    'deepseek_v32': ('DeepSeek sparse attention: its indexer picks which tokens each token attends to, a choice '
+                     'patch-level training would change and that has not been verified'),
+}
+
+MCORE_GPT_TYPE = 'gpt'  # mcore-bridge's model type of these families
+PLT_GPT_MODEL_TYPE = 'gpt_plt'  # the mcore-bridge model type PLT registers for them (PLTGPTModel), used at K > 1
+
+# mcore-bridge's `gpt` list this table was written against (compat guard: tests/models/test_families.py)
+MCORE_GPT_TYPES_VERIFIED = ('qwen2', 'llama', 'qwen3', 'qwen2_moe', 'qwen3_moe', 'internlm3', 'mimo', 'deepseek',
+                            'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5',
+                            'ernie4_5_moe', 'glm4_moe', 'glm4_moe_lite', 'gpt_oss')
+MCORE_BRIDGE_VERIFIED = 'mcore-bridge 1.6.5'
+
+
+def supported_list() -> str:
+    return ', '.join(sorted(FAMILIES))
+
+
+def plt_refusal(model_type: Optional[str], is_multimodal: bool = False) -> Optional[str]:
+    """None where HF model type ``model_type`` supports K > 1, else why not and what to do (one sentence)."""
+    if is_multimodal:
+        return (f'`{model_type}` is a multimodal model; PLT trains text-only decoders ({supported_list()}). Use '
+                '--patch_size 1.')
+    if model_type in FAMILIES:
+        return None
+    if model_type in REFUSED:
+        return f'`{model_type}` is not supported: {REFUSED[model_type]}. Use --patch_size 1.'
+    return (f'model type `{model_type}` (config.json) has no patch-level training; supported: {supported_list()}. '
+            'Use --patch_size 1.')
+
+
+def structure(model_type: Optional[str]) -> str:
+    """'dense', 'moe' or 'mla+moe' for a supported family ('' otherwise)."""
+    return FAMILIES.get(model_type, '')
