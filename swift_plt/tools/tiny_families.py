@@ -1,0 +1,73 @@
+"""Tiny random-init HF models of several architecture families (dense, MoE, MLA), with the offline BPE tokenizer of
+``swift_plt.tools.tiny``: small enough for CPU runs of ``megatron pt --model DIR --model_type FAMILY``."""
+import os
+from typing import Any, Dict, Tuple
+
+from swift_plt.compat.transformers import hf_rope_guard
+from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_config_portable
+
+FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
+
+_COMMON: Dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    initializer_range=0.05,  # > the usual 0.02: logits far from zero, so comparisons tell
+    tie_word_embeddings=False,
+)
+_MOE: Dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+
+# family -> (transformers config class, model class, config kwargs on top of _COMMON)
+_SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
+    'llama': ('LlamaConfig', 'LlamaForCausalLM', {}),
+    'qwen2': ('Qwen2Config', 'Qwen2ForCausalLM', {}),  # q/k/v projections with bias
+    'qwen3': ('Qwen3Config', 'Qwen3ForCausalLM', dict(head_dim=32)),  # QK-norm; head_dim != hidden / heads
+    'qwen3_moe': ('Qwen3MoeConfig', 'Qwen3MoeForCausalLM', dict(head_dim=32, norm_topk_prob=True, **_MOE)),
+    # shared expert with a sigmoid gate; Qwen1.5-MoE does not renormalise the top-k probabilities
+    'qwen2_moe': ('Qwen2MoeConfig', 'Qwen2MoeForCausalLM',
+                  dict(norm_topk_prob=False, shared_expert_intermediate_size=64, **_MOE)),
+    # MLA (q/kv LoRA ranks, decoupled RoPE dims), one dense first layer, then MoE with a shared expert and sigmoid
+    # routing with expert bias over 2 groups. scoring_func / topk_method are what DeepSeek-V3's config.json says
+    # (transformers' config has no such fields and always routes that way; mcore-bridge reads them).
+    'deepseek_v3': ('DeepseekV3Config', 'DeepseekV3ForCausalLM',
+                    dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                         topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, num_nextn_predict_layers=0,
+                         scoring_func='sigmoid', topk_method='noaux_tc')),
+}
+
+
+def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int = 0, **overrides) -> str:
+    """Write a random-init fp32 HF causal LM of ``family`` (one of ``FAMILIES``) and its BPE tokenizer (``<unk> <s>
+    </s> <pad>`` = ids 0..3) to ``out_dir``; return it. ``overrides`` replace config fields."""
+    import torch
+    import transformers
+
+    if family not in _SPECS:
+        raise ValueError(f'unknown family {family!r}; one of {FAMILIES}')
+    if vocab_size < 300:
+        raise ValueError('vocab_size must be >= 300 (256 byte tokens + specials + merges).')
+    config_cls, model_cls, extra = _SPECS[family]
+    kwargs = {**_COMMON, **extra, **overrides}
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = _train_tokenizer(vocab_size, seed, kwargs['max_position_embeddings'])
+    tokenizer.save_pretrained(out_dir)
+    make_tokenizer_config_portable(out_dir)
+    config = getattr(transformers, config_cls)(
+        vocab_size=vocab_size,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **kwargs)
+    with _fork_rng(seed), hf_rope_guard():
+        model = getattr(transformers, model_cls)(config).float()
+        for name, buf in model.named_buffers():
+            if name.endswith('e_score_correction_bias'):  # zeros at init: make the expert-bias path matter
+                buf.copy_(0.1 * torch.randn_like(buf))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir

@@ -1,0 +1,100 @@
+"""One PLT case on CPU, shared by the model tests: a padded batch as ms-swift builds it, the brute-force PatchTrain
+loss and gradients on the family's HF model, and the same batch through megatron's schedule on N gloo ranks."""
+import torch
+
+K = 4
+S = 32
+LENS = [32, 20]  # real lengths (multiples of K, as the template pads them); row 1 is padded to S
+VOCAB = 512
+PAD = 3
+
+
+def make_batch(seed=0, k=K):
+    """A padded batch exactly as ms-swift's megatron collator + the PLT batch patch build it."""
+    from swift_plt.patch_level.layout import mask_first_patch
+    g = torch.Generator().manual_seed(seed)
+    B = len(LENS)
+    input_ids = torch.full((B, S), PAD)
+    labels = torch.full((B, S), -100)
+    position_ids = torch.zeros(B, S, dtype=torch.long)
+    mask = torch.tril(torch.ones(B, S, S, dtype=torch.bool)).view(B, 1, S, S)
+    for b, n in enumerate(LENS):
+        ids = torch.randint(4, VOCAB, (n, ), generator=g)
+        input_ids[b, :n] = ids
+        labels[b, :n] = ids
+        labels[b, :n][torch.rand(n, generator=g) < 0.15] = -100  # some ignored targets
+        position_ids[b, :n] = torch.arange(n)
+        mask[b, :, :, n:] = 0
+    labels = mask_first_patch(labels, position_ids, k)
+    return dict(input_ids=input_ids, labels=labels, position_ids=position_ids, attention_mask=~mask)
+
+
+def hf_plt_reference(hf_dir, batch, k=K):
+    """Brute force (swift_plt.patch_level.reference) on plain transformers, each row on its own real tokens.
+    Returns (loss, {hf parameter name: grad})."""
+    from transformers import AutoModelForCausalLM
+
+    from swift_plt.compat.transformers import hf_rope_guard
+    from swift_plt.patch_level.reference import padded_batch_nll
+    with hf_rope_guard():
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
+    model.zero_grad()
+    nll, count = padded_batch_nll(model, batch['input_ids'], batch['labels'], LENS, k)
+    loss = nll / count
+    loss.backward()
+    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False):
+    """In each spawned rank: forward+backward through megatron's schedule with ms-swift's loss form. Returns
+    {'loss'} on the last stage, {'emb_grad'} on the first and, with ``all_grads``, {'grads': {hf name: grad}}
+    (the gradients exported through mcore-bridge's own weight export, so every name is the HF one)."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from harness.model import build_mcore_model
+    if model_type == 'gpt_plt':
+        from swift_plt.plugin.register import plt_gpt_model_meta
+        plt_gpt_model_meta()
+    elif model_type == 'llama3_2_plt':
+        from swift_plt.plugin.register import register_mcore
+        assert register_mcore()
+    extra = dict(extra_config or {})
+    if model_type != 'gpt':
+        extra['patch_size'] = k
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    models = build_mcore_model(hf_dir, mcore_model_type=model_type, tp=tp, pp=pp, extra_config=extra)
+    model = models[0]
+    labels = batch['labels']
+    if k == 1:  # token-level: ms-swift rolls the labels (the PLT batch patch skips that only at K > 1)
+        labels = torch.roll(labels, -1, dims=-1)
+
+    def forward_step(data_iterator, model):
+        data = next(data_iterator)
+        output = model(input_ids=data['input_ids'], position_ids=data['position_ids'],
+                       attention_mask=data['attention_mask'], labels=labels)
+
+        def loss_func(output_tensor):  # ms-swift MegatronTrainer.loss_func, normalised here
+            mask = labels != -100
+            total = torch.sum(output_tensor.float() * mask)
+            return total / mask.sum(), {'loss': torch.stack([total.detach(), mask.sum().float()])}
+
+        return output, loss_func
+
+    model.train()
+    result = get_forward_backward_func()(
+        forward_step_func=forward_step, data_iterator=iter([batch]), model=[model], num_microbatches=1,
+        seq_length=S, micro_batch_size=len(LENS), forward_only=False)
+    out = {}
+    if result:
+        total, count = result[0]['loss']
+        out['loss'] = float(total / count)
+    if model.pre_process:
+        out['emb_grad'] = model.embedding.word_embeddings.weight.grad.clone()
+    if all_grads:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+        out['grads'] = {n: t.clone() for n, t in model.config.bridge.export_weights(models)}
+    return out

@@ -1,0 +1,100 @@
+"""The HF-side PLT model over each family's own ``*ForCausalLM`` (swift_plt.models.hf_causal_lm), CPU fp32: K=1 is
+the family's model bit for bit; K=4 loss and every gradient equal the brute-force PatchTrain formula; MoE families
+route patches and add their own load-balancing loss over them; saved as the plain family model."""
+import json
+import os
+
+import pytest
+import torch
+
+from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch
+from swift_plt.tools.tiny_families import make_tiny_family
+
+FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3']
+
+
+@pytest.fixture(scope='module')
+def batch():
+    return make_batch()
+
+
+@pytest.fixture(scope='module')
+def dirs(tmp_path_factory):
+    return {f: make_tiny_family(f, str(tmp_path_factory.mktemp(f)), vocab_size=VOCAB) for f in FAMILIES}
+
+
+def load(hf_dir, k, plt=True):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from swift_plt.models.hf_causal_lm import plt_auto_model_class
+    if not plt:
+        return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
+    config = AutoConfig.from_pretrained(hf_dir)
+    return plt_auto_model_class(k).from_pretrained(hf_dir, config=config, dtype=torch.float32,
+                                                   attn_implementation='eager')
+
+
+def trainer_call(model, batch, **kw):
+    """As ms-swift's HF trainer calls it on a padded batch: ids, 2-D padding mask, token-aligned labels."""
+    padding = (batch['input_ids'] != PAD).long()
+    return model(input_ids=batch['input_ids'], attention_mask=padding, labels=batch['labels'], **kw)
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_k1_is_the_family_model_bit_for_bit(family, dirs, batch):
+    ids = batch['input_ids']
+    plt, plain = load(dirs[family], 1), load(dirs[family], 1, plt=False)
+    assert type(plt).__name__ == 'PLT' + type(plain).__name__ and isinstance(plt, type(plain))
+    a, b = plt(input_ids=ids, labels=ids), plain(input_ids=ids, labels=ids)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.loss, b.loss)
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_k4_loss_and_every_gradient_match_patchtrain(family, dirs, batch):
+    ref_loss, ref_grads = hf_plt_reference(dirs[family], batch, K)
+    model = load(dirs[family], K)
+    loss = trainer_call(model, batch).loss
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    print(f'{family}: hf PLT {float(loss)!r}, brute force {ref_loss!r}, {len(ref_grads)} gradients')
+    assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
+    assert set(grads) == set(ref_grads)
+    for n, g in ref_grads.items():
+        torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=lambda m: f'{n}: {m}')
+
+
+@pytest.mark.parametrize('family', ['qwen3_moe', 'qwen2_moe'])
+def test_moe_routes_patches_and_adds_its_aux_loss_over_them(family, dirs, batch):
+    """The router sees B*P patch rows (not B*S tokens); aux_loss is the family's load-balancing loss over the real
+    patches; the loss is the PLT loss plus router_aux_loss_coef * aux_loss, as the family's forward adds it."""
+    import sys
+    model = load(dirs[family], K)
+    out = trainer_call(model, batch, output_router_logits=True)
+    B, S = batch['input_ids'].shape
+    assert all(r.shape[0] == B * (S // K) for r in out.router_logits)
+    patch_mask = (batch['input_ids'] != PAD).long()[:, ::K]
+    func = sys.modules[type(model).plain_class().__module__].load_balancing_loss_func
+    expected = func(out.router_logits, model.num_experts, model.num_experts_per_tok, patch_mask)
+    torch.testing.assert_close(out.aux_loss, expected)
+    plain = trainer_call(model, batch, output_router_logits=False)
+    assert plain.loss + model.router_aux_loss_coef * out.aux_loss == pytest.approx(float(out.loss), rel=1e-6)
+    assert 0 < model.router_aux_loss_coef
+
+
+@pytest.mark.parametrize('family', ['qwen3', 'qwen3_moe', 'deepseek_v3'])
+def test_saved_as_the_plain_family_model(family, dirs, tmp_path):
+    from transformers import AutoModelForCausalLM
+    model = load(dirs[family], K)
+    model.save_pretrained(tmp_path)
+    with open(os.path.join(tmp_path, 'config.json')) as f:
+        config = json.load(f)
+    plain = type(model).plain_class()
+    assert config['architectures'] == [plain.__name__] and 'patch_size' not in config
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path)) is plain
+    assert model.config.patch_size == K  # the training model keeps its K
+
+
+def test_generate_refuses_at_k_gt_1(dirs):
+    model = load(dirs['qwen3'], K)
+    with pytest.raises(NotImplementedError, match=r'does not generate token by token.*plain model \(Qwen3ForCausalLM'):
+        model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2)
