@@ -1,12 +1,14 @@
-"""Value-head critic for Megatron-SWIFT: model type ``llama3_2_critic`` (any Llama-family checkpoint).
+"""Value-head critic for Megatron-SWIFT: one model type per decoder family (swift_plt.critic.families), e.g.
+``llama3_2_critic`` (Llama checkpoints), ``qwen3_critic``, ``qwen3_moe_critic``.
 
 Interface (stable; see docs/critic.md "Model, initialisation, formats"):
-  CRITIC_MODEL_TYPE = 'llama3_2_critic'   ms-swift and mcore-bridge model type (``--model_type llama3_2_critic
+  CRITIC_MODEL_TYPE = 'llama3_2_critic'   the first critic model type (``--model_type llama3_2_critic
                                            --custom_register_path custom_model/llama.py``)
+  swift_plt.critic.families CRITIC_FAMILIES: critic model type -> family (HF model_type, template, arch)
   swift_plt.critic.model    CriticModelConfig, CriticGPTModel, CriticModelLoader, CriticBridge, values(output)
                             (imports mcore-bridge, i.e. Transformer Engine; on CPU only under tests/harness)
-  swift_plt.critic.keys     pure: which HF keys a critic checkpoint must / may have, shape checks (torch-free)
-  swift_plt.critic.convert  pure converters TRL / OpenRLHF / verl -> HF LlamaForTokenClassification(num_labels=1);
+  swift_plt.critic.keys     which HF keys a critic checkpoint must / may have (the family's own HF trunk), shape checks
+  swift_plt.critic.convert  pure converters TRL / OpenRLHF / verl -> HF <Family>ForTokenClassification(num_labels=1);
                             CLI ``python -m swift_plt.critic.convert --from trl|openrlhf|verl SRC DST``
 
 The built model is called like upstream GPTModel, ``model(input_ids=..., position_ids=..., attention_mask=...,

@@ -2,14 +2,17 @@
 from typing import List
 
 from swift_plt.critic import CRITIC_MODEL_TYPE
+from swift_plt.critic.families import CRITIC_FAMILIES
 
-VALUE_CLIP_RANGE_HELP = (f'Critic training ({CRITIC_MODEL_TYPE}): PPO clipped value loss with this clip range eps, '
+VALUE_CLIP_RANGE_HELP = (f'Critic training ({", ".join(CRITIC_FAMILIES)}): PPO clipped value loss with this clip '
+                         'range eps, '
                          '0.5*max((v-R)^2, (clamp(v, v_old-eps, v_old+eps)-R)^2); every row then needs "old_values". '
                          'Default: None, the plain masked MSE 0.5*(v-R)^2.')
 
 
 def is_critic(args) -> bool:
-    return getattr(args, 'model_type', None) == CRITIC_MODEL_TYPE
+    """Whether ``--model_type`` is one of the critic model types (swift_plt.critic.families)."""
+    return getattr(args, 'model_type', None) in CRITIC_FAMILIES
 
 
 def resolve_critic_args(args) -> None:
@@ -22,8 +25,9 @@ def resolve_critic_args(args) -> None:
     clip = getattr(args, 'value_clip_range', None)
     if not is_critic(args):
         if clip is not None:
-            raise ValueError(f'--value_clip_range trains a critic: use --model_type {CRITIC_MODEL_TYPE} '
-                             '--custom_register_path custom_model/llama.py, or drop --value_clip_range.')
+            raise ValueError(f'--value_clip_range trains a critic: use --model_type {CRITIC_MODEL_TYPE} (or the '
+                             'critic of your family, e.g. qwen3_critic) --custom_register_path custom_model/llama.py, '
+                             'or drop --value_clip_range.')
         return
     if clip is not None and not clip >= 0:
         raise ValueError(f'--value_clip_range must be >= 0, got {clip}.')
@@ -45,6 +49,6 @@ def resolve_critic_args(args) -> None:
     if getattr(args, 'mtp_num_layers', None):
         problems.append('--mtp_num_layers (no multi-token prediction on a value head; drop it)')
     if problems:
-        raise ValueError(f'--model_type {CRITIC_MODEL_TYPE} cannot be trained with: ' + '; '.join(problems) + '.')
+        raise ValueError(f'--model_type {args.model_type} cannot be trained with: ' + '; '.join(problems) + '.')
     args.remove_unused_columns = False
     args.strict = True

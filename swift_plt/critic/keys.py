@@ -1,19 +1,23 @@
-"""Which HF weights a ``llama3_2_critic`` checkpoint has, checked before any weight is loaded (imports no torch).
+"""Which HF weights a critic checkpoint has, checked before any weight is loaded (torch and transformers are
+imported only to list the family's keys).
 
-Our HF format is transformers' ``LlamaForTokenClassification`` with ``num_labels=1``: the Llama trunk ``model.*``
-plus the value head ``score.weight`` ``[1, H]``; on transformers 5.x bias-free (``token_classification_bias=False``),
-on 4.57.x, whose head always has a bias, with a zero ``score.bias`` ``[1]`` (``critic_config``). The Megatron head
-has no bias: a ``score.bias`` is accepted only when exactly zero (``check_head_bias``, which reads its value).
+Our HF format is the family's transformers ``*ForTokenClassification`` with ``num_labels=1`` (e.g.
+``LlamaForTokenClassification``, ``Qwen3MoeForTokenClassification``): the family's trunk ``model.*`` plus the value
+head ``score.weight`` ``[1, H]``; on transformers 5.x bias-free (``token_classification_bias=False``), on 4.57.x,
+whose head always has a bias, with a zero ``score.bias`` ``[1]`` (``critic_config``). The Megatron head has no bias:
+a ``score.bias`` is accepted only when exactly zero (``check_head_bias``, which reads its value).
 
 ``check_critic_keys(shapes, hf_config)`` classifies the keys of a checkpoint dir (``{key: shape}``):
-  * every trunk key of the config's Llama must be there with its shape, else ValueError listing them;
+  * every trunk key of the config's model (``trunk_shapes``: the family's own HF model, built on the meta device,
+    keys as its checkpoints store them) must be there with its shape, else ValueError listing them;
   * ``score.weight`` present with shape ``[1, H]``: an existing critic, the head is loaded ('loaded');
     absent: a causal LM, the head is initialised by the caller ('missing'); any other shape: ValueError;
   * expected and dropped (a causal LM's LM head): ``lm_head.weight`` ``[V, H]``; with tied embeddings there is no
     such key, the embedding is the trunk's ``model.embed_tokens.weight``, kept for the (untied) critic's input only;
   * ``score.bias`` ``[1]`` beside ``score.weight`` (the 4.57.x format): allowed here, its value is checked by
     ``check_head_bias``; any other shape, or without ``score.weight``: ValueError;
-  * ignored: ``*.rotary_emb.inv_freq`` (a buffer older transformers saved; recomputed from the config);
+  * ignored: ``*.rotary_emb.inv_freq`` (a buffer older transformers saved; recomputed from the config) and what the
+    family's HF class ignores on load (e.g. DeepSeek-V3's multi-token-prediction layer);
   * anything else (e.g. a foreign head, a layer beyond ``num_hidden_layers``): ValueError listing the keys and
     naming the converter for the known critic formats.
 
@@ -21,11 +25,15 @@ has no bias: a ``score.bias`` is accepted only when exactly zero (``check_head_b
 shape): a critic ([1, H], loaded), a causal LM (no head or [V, H], head initialised) or an error. Missing trunk keys
 there are refused by megatron's dist-checkpointing itself (strict load); it does not check unexpected ones.
 """
+import functools
+import json
+import re
 from typing import Dict, Iterable, List, Sequence, Tuple
 
 HEAD_KEY = 'score.weight'
 HEAD_BIAS_KEY = 'score.bias'
-HF_ARCHITECTURE = 'LlamaForTokenClassification'
+HF_ARCHITECTURE = 'LlamaForTokenClassification'  # of llama3_2_critic; other families: token_classification_class
+DEFAULT_MODEL_TYPE = 'llama'  # a config without `model_type` (the first critic's family)
 LM_HEAD_KEY = 'lm_head.weight'
 IGNORED_SUFFIXES = ('rotary_emb.inv_freq', )
 CONVERT_HINT = ('Critics saved by TRL (v_head.summary.*), OpenRLHF (value_head.weight) or verl (lm_head.weight [1, H]) '
@@ -37,35 +45,65 @@ def _cfg(config, name, default=None):
     return default if value is None else value
 
 
+def config_dict(config) -> dict:
+    """An HF config (object or config.json dict) as a dict with its ``model_type`` (default: llama)."""
+    config = dict(config) if isinstance(config, dict) else config.to_dict()
+    config['model_type'] = config.get('model_type') or DEFAULT_MODEL_TYPE
+    return config
+
+
+def token_classification_class(model_type: str):
+    """The installed transformers' ``*ForTokenClassification`` of ``model_type``; ValueError where it has none (no
+    critic format for that family)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
+    name = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+    if name is None or not hasattr(transformers, name):
+        from swift_plt.critic.families import supported_list
+        raise ValueError(f'model type `{model_type}` (config.json) has no *ForTokenClassification in transformers '
+                         f'{transformers.__version__}, so it has no critic format; critics exist for: '
+                         f'{supported_list()}.')
+    return getattr(transformers, name)
+
+
+def trunk_shapes(config) -> Dict[str, Tuple[int, ...]]:
+    """``{key: shape}`` of the decoder (``model.*``) of an HF config (object or dict), as the family's checkpoints
+    store it (transformers 5.x fuses MoE experts in memory; the keys here are the per-expert ones on disk)."""
+    return dict(_trunk(json.dumps(config_dict(config), sort_keys=True, default=str))[0])
+
+
+def ignored_patterns(config) -> Tuple[str, ...]:
+    """Regexes of checkpoint keys the family's HF class ignores on load (e.g. DeepSeek-V3's MTP layer)."""
+    return _trunk(json.dumps(config_dict(config), sort_keys=True, default=str))[1]
+
+
 def llama_trunk_shapes(config) -> Dict[str, Tuple[int, ...]]:
-    """``{key: shape}`` of the Llama decoder (``model.*``) described by an HF config (object or dict)."""
-    hidden = int(_cfg(config, 'hidden_size'))
-    heads = int(_cfg(config, 'num_attention_heads'))
-    kv_heads = int(_cfg(config, 'num_key_value_heads', heads))
-    head_dim = int(_cfg(config, 'head_dim', hidden // heads))
-    ffn = int(_cfg(config, 'intermediate_size'))
-    vocab = int(_cfg(config, 'vocab_size'))
-    attn_bias = bool(_cfg(config, 'attention_bias', False))
-    mlp_bias = bool(_cfg(config, 'mlp_bias', False))
-    shapes = {'model.embed_tokens.weight': (vocab, hidden), 'model.norm.weight': (hidden, )}
-    for i in range(int(_cfg(config, 'num_hidden_layers'))):
-        p = f'model.layers.{i}.'
-        linears = {
-            'self_attn.q_proj': (heads * head_dim, hidden, attn_bias),
-            'self_attn.k_proj': (kv_heads * head_dim, hidden, attn_bias),
-            'self_attn.v_proj': (kv_heads * head_dim, hidden, attn_bias),
-            'self_attn.o_proj': (hidden, heads * head_dim, attn_bias),
-            'mlp.gate_proj': (ffn, hidden, mlp_bias),
-            'mlp.up_proj': (ffn, hidden, mlp_bias),
-            'mlp.down_proj': (hidden, ffn, mlp_bias),
-        }
-        for name, (out_dim, in_dim, bias) in linears.items():
-            shapes[f'{p}{name}.weight'] = (out_dim, in_dim)
-            if bias:
-                shapes[f'{p}{name}.bias'] = (out_dim, )
-        shapes[f'{p}input_layernorm.weight'] = (hidden, )
-        shapes[f'{p}post_attention_layernorm.weight'] = (hidden, )
-    return shapes
+    """``trunk_shapes`` of a Llama config (object or dict, ``model_type`` taken as llama)."""
+    return trunk_shapes({**config_dict(config), 'model_type': 'llama'})
+
+
+@functools.lru_cache(maxsize=16)
+def _trunk(config_json: str):
+    import torch
+    from transformers import AutoConfig
+
+    from swift_plt.compat.transformers import hf_rope_guard
+    config = json.loads(config_json)
+    model_type = config.pop('model_type')
+    cls = token_classification_class(model_type)
+    config = AutoConfig.for_model(model_type, **config)
+    config.num_labels = 1
+    with hf_rope_guard(), torch.device('meta'):
+        model = cls._from_config(config)
+    state_dict = model.state_dict()
+    try:  # transformers 5.x: the checkpoint layout (e.g. one tensor per expert)
+        from transformers.core_model_loading import revert_weight_conversion
+        state_dict = revert_weight_conversion(model, state_dict)
+    except ImportError:
+        pass
+    prefix = f'{cls.base_model_prefix}.'
+    shapes = tuple((k, tuple(v.shape)) for k, v in state_dict.items() if k.startswith(prefix))
+    return shapes, tuple(getattr(cls, '_keys_to_ignore_on_load_unexpected', None) or ())
 
 
 def _listed(keys: Iterable[str], limit: int = 20) -> str:
@@ -77,9 +115,11 @@ def _listed(keys: Iterable[str], limit: int = 20) -> str:
 def check_critic_keys(shapes: Dict[str, Sequence[int]], hf_config, source: str = 'checkpoint') -> str:
     """Validate a checkpoint's ``{key: shape}`` for the critic; return 'loaded' (the value head is in it) or
     'missing' (a causal LM: the caller initialises the head). Raise ValueError (what is wrong, what to do)."""
-    shapes = {k: tuple(v) for k, v in shapes.items() if not k.endswith(IGNORED_SUFFIXES)}
-    expected = llama_trunk_shapes(hf_config)
-    hidden, vocab = expected['model.norm.weight'][0], expected['model.embed_tokens.weight'][0]
+    ignored = [re.compile(p) for p in ignored_patterns(hf_config)]
+    shapes = {k: tuple(v) for k, v in shapes.items()
+              if not k.endswith(IGNORED_SUFFIXES) and not any(p.search(k) for p in ignored)}
+    expected = trunk_shapes(hf_config)
+    hidden, vocab = int(_cfg(hf_config, 'hidden_size')), int(_cfg(hf_config, 'vocab_size'))
     problems: List[str] = []
     missing = set(expected) - set(shapes)
     if missing:
@@ -103,7 +143,8 @@ def check_critic_keys(shapes: Dict[str, Sequence[int]], hf_config, source: str =
     if unexpected:
         problems.append(f'unexpected keys: {_listed(unexpected)}')
     if problems:
-        raise ValueError(f'{source} is not a Llama critic or causal LM of this config (hidden_size={hidden}, '
+        model_type = config_dict(hf_config)['model_type']
+        raise ValueError(f'{source} is not a `{model_type}` critic or causal LM of this config (hidden_size={hidden}, '
                          f'vocab_size={vocab}): ' + '; '.join(problems) + f'. {CONVERT_HINT}')
     return 'loaded' if head is not None else 'missing'
 
@@ -163,7 +204,7 @@ def classify_mcore_checkpoint(head_shape, hidden_size: int, source: str) -> str:
         return 'critic'
     if head_shape is None or (len(head_shape) == 2 and head_shape[0] > 1 and head_shape[1] == hidden_size):
         return 'causal_lm'
-    raise ValueError(f'llama3_2_critic: {source} has output_layer.weight {list(head_shape)}; a critic head is '
+    raise ValueError(f'critic: {source} has output_layer.weight {list(head_shape)}; a critic head is '
                      f'[1, hidden_size] = [1, {hidden_size}], a causal LM head [vocab, {hidden_size}].')
 
 
@@ -171,11 +212,12 @@ def classify_mcore_checkpoint(head_shape, hidden_size: int, source: str) -> str:
 FOLDED_CONFIG_KEYS = ('normalize_reward', 'mean', 'std')
 
 
-def critic_config() -> dict:
-    """What makes an HF Llama config our critic format on the installed transformers: LlamaForTokenClassification,
-    untied, and ``token_classification_bias`` False on 5.x / True on 4.57.x (the zero ``score.bias`` it carries)."""
+def critic_config(model_type: str = DEFAULT_MODEL_TYPE) -> dict:
+    """What makes an HF config of ``model_type`` our critic format on the installed transformers: the family's
+    ``*ForTokenClassification``, untied, and ``token_classification_bias`` False on 5.x / True on 4.57.x (the zero
+    ``score.bias`` it carries; transformers builds every family's head the same way)."""
     from swift_plt.compat.transformers import critic_head_has_bias
-    return {'architectures': [HF_ARCHITECTURE], 'tie_word_embeddings': False,
+    return {'architectures': [token_classification_class(model_type).__name__], 'tie_word_embeddings': False,
             'token_classification_bias': critic_head_has_bias()}
 
 
@@ -183,7 +225,7 @@ def critic_hf_config(hf_config):
     """A copy of an HF config object in our critic format (``critic_config()``, ``num_labels=1``)."""
     import copy
     hf_config = copy.deepcopy(hf_config)
-    for key, value in critic_config().items():
+    for key, value in critic_config(getattr(hf_config, 'model_type', None) or DEFAULT_MODEL_TYPE).items():
         setattr(hf_config, key, copy.copy(value))
     hf_config.num_labels = 1
     return hf_config
@@ -192,5 +234,5 @@ def critic_hf_config(hf_config):
 def critic_hf_config_dict(config: dict) -> dict:
     """The same for a config.json dict (``num_labels`` is saved as ``id2label`` / ``label2id``)."""
     config = {k: v for k, v in config.items() if k not in FOLDED_CONFIG_KEYS + ('num_labels', )}
-    config.update(critic_config(), id2label={'0': 'LABEL_0'}, label2id={'LABEL_0': 0})
+    config.update(critic_config(config_dict(config)['model_type']), id2label={'0': 'LABEL_0'}, label2id={'LABEL_0': 0})
     return config

@@ -65,7 +65,7 @@ class PLTCausalLM:
         num_items_in_batch = kwargs.pop('num_items_in_batch', None)
         aux_loss_func = self._aux_loss_func(kwargs)
         outputs = self.model(
-            inputs_embeds=pool_patches(inputs_embeds.transpose(0, 1), k).transpose(0, 1),  # [B, P, H]
+            inputs_embeds=pool_patches(inputs_embeds.transpose(0, 1), k).transpose(0, 1).contiguous(),  # [B, P, H]
             attention_mask=attention_mask,
             position_ids=patch_position_ids(position_ids, k),
             use_cache=False,

@@ -1,6 +1,7 @@
-"""Vanilla export: a Megatron checkpoint of a ``llama3_2_plt`` run (either stage) -> a plain HF Llama that plain
-transformers loads. ms-swift's ``megatron export --to_hf`` writes the weights (a PLT model's weights are Llama's at
-any K), then ``make_vanilla`` drops the PLT parts of config.json and ms-swift's args.json.
+"""Vanilla export: a Megatron checkpoint of a PLT run (either stage, any supported family) -> the family's own plain
+HF model (e.g. LlamaForCausalLM, Qwen3ForCausalLM) that plain transformers loads. ms-swift's ``megatron export
+--to_hf`` writes the weights (a PLT model's weights are the family's at any K), then ``make_vanilla`` drops the PLT
+parts of config.json and ms-swift's args.json.
 
     swift-plt-export-vanilla --checkpoint OUT/stage2_token [--output_dir DIR] [--model HF_DIR] [EXPORT_ARGS]
 """
@@ -14,14 +15,12 @@ import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
-from swift_plt import PLT_MODEL_TYPE
+from swift_plt.recipe.family import causal_lm_class, model_type_flags, read_config, swift_model_type
 from swift_plt.recipe.process import cli_executable, export_launch, failure_cause, run_logged
 
 TRACKER = 'latest_checkpointed_iteration.txt'
 PROVENANCE = 'swift_plt_export.json'
-# The file ms-swift imports for `--custom_register_path` (registers llama3_2_plt), shipped in the package.
-REGISTER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'custom_register.py')
-# config.json keys a plain Llama must not have: PLT's training-time K, and remote-code hooks.
+# config.json keys a plain model must not have: PLT's training-time K, and remote-code hooks.
 NON_VANILLA_KEYS = ('patch_size', 'auto_map', 'custom_pipelines')
 
 
@@ -62,34 +61,36 @@ def resolve_checkpoint(path: str) -> str:
     return found[max(found)]
 
 
-def source_model_dir(ckpt_dir: str) -> str:
-    """The HF model dir the run started from (tokenizer, config), from ms-swift's args.json in the checkpoint."""
+def run_args(ckpt_dir: str) -> dict:
+    """ms-swift's args.json of the run that wrote ``ckpt_dir`` (in it or beside it), else {}."""
     for path in (os.path.join(ckpt_dir, 'args.json'), os.path.join(os.path.dirname(ckpt_dir), 'args.json')):
         if os.path.exists(path):
             with open(path, encoding='utf-8') as f:
-                args = json.load(f)
-            for key in ('model_dir', 'model'):
-                if args.get(key) and os.path.isdir(args[key]):
-                    return args[key]
+                return json.load(f)
+    return {}
+
+
+def source_model_dir(ckpt_dir: str) -> str:
+    """The HF model dir the run started from (tokenizer, config), from ms-swift's args.json in the checkpoint."""
+    args = run_args(ckpt_dir)
+    for key in ('model_dir', 'model'):
+        if args.get(key) and os.path.isdir(args[key]):
+            return args[key]
     raise FileNotFoundError(f'cannot tell which HF model {ckpt_dir!r} was trained from (no args.json naming an '
                             'existing model dir); pass --model <the HF model dir of the run>.')
 
 
 # ---------------------------------------------------------------------------------------------- vanilla config
 def vanilla_config(config: dict) -> dict:
-    """config.json of a (PLT-trained) Llama -> the plain Llama config (a new dict)."""
-    model_type = str(config.get('model_type', ''))
-    if 'llama' not in model_type.lower():
-        raise ValueError(f'config.json has model_type {model_type!r}: the vanilla export writes Llama checkpoints '
-                         f'only ({PLT_MODEL_TYPE} trains Llama models).')
+    """config.json of a (PLT-trained) model -> the family's plain config (a new dict): its own model_type and
+    transformers ``*ForCausalLM``, no PLT or remote-code keys. ValueError without such a class."""
     out = {k: v for k, v in config.items() if k not in NON_VANILLA_KEYS}
-    out['model_type'] = 'llama'
-    out['architectures'] = ['LlamaForCausalLM']
+    out['architectures'] = [causal_lm_class(config)]
     return out
 
 
 def make_vanilla(hf_dir: str, provenance: Optional[dict] = None) -> None:
-    """Rewrite an HF dir written by the bridge in place into a plain Llama checkpoint (see module docstring)."""
+    """Rewrite an HF dir written by the bridge in place into a plain checkpoint of its family (module docstring)."""
     path = os.path.join(hf_dir, 'config.json')
     with open(path, encoding='utf-8') as f:
         config = json.load(f)
@@ -108,55 +109,65 @@ def make_vanilla(hf_dir: str, provenance: Optional[dict] = None) -> None:
 
 
 def check_vanilla(hf_dir: str) -> dict:
-    """Raise AssertionError unless ``hf_dir`` is a plain HF Llama that plain transformers loads without remote
-    code; return a short report. Run it where swift-plt is not active (``SWIFT_PLT_DISABLE=1``) to prove that
-    nothing of the plugin is needed."""
+    """Raise AssertionError unless ``hf_dir`` is a plain HF causal LM of its config's model_type that plain
+    transformers loads as its own class, without remote code; return a short report (the class loaded). Run it where
+    swift-plt is not active (``SWIFT_PLT_DISABLE=1``) to prove that nothing of the plugin is needed."""
     with open(os.path.join(hf_dir, 'config.json'), encoding='utf-8') as f:
         config = json.load(f)
     problems = [f'config.json has {k!r}' for k in NON_VANILLA_KEYS if k in config]
-    if config.get('model_type') != 'llama':
-        problems.append(f'model_type is {config.get("model_type")!r}')
-    if config.get('architectures') != ['LlamaForCausalLM']:
-        problems.append(f'architectures is {config.get("architectures")!r}')
+    try:
+        want = causal_lm_class(config)
+    except ValueError:
+        want = None
+        problems.append(f'model_type is {config.get("model_type")!r} (no transformers causal LM class)')
+    if want and config.get('architectures') != [want]:
+        problems.append(f'architectures is {config.get("architectures")!r}, not {[want]!r}')
     problems += [f'custom code file {os.path.basename(p)}' for p in glob.glob(os.path.join(hf_dir, '*.py'))]
     if problems:
-        raise AssertionError(f'{hf_dir} is not a vanilla Llama checkpoint: ' + '; '.join(problems))
+        raise AssertionError(f'{hf_dir} is not a vanilla checkpoint: ' + '; '.join(problems))
     from transformers import AutoModelForCausalLM
 
     from swift_plt.compat.transformers import hf_rope_guard
     with hf_rope_guard():  # safe after mcore-bridge ran in this process, on transformers 4.57.x and 5.x
         model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False)
     cls = type(model)
-    if (cls.__module__, cls.__name__) != ('transformers.models.llama.modeling_llama', 'LlamaForCausalLM'):
-        raise AssertionError(f'{hf_dir} loads as {cls.__module__}.{cls.__name__}, not transformers LlamaForCausalLM')
+    if (not cls.__module__.startswith('transformers.models.') or cls.__name__ != want
+            or getattr(cls.config_class, 'model_type', None) != config['model_type']):
+        raise AssertionError(f'{hf_dir} loads as {cls.__module__}.{cls.__name__}, not transformers {want} '
+                             f'(model_type {config["model_type"]!r})')
     return {'class': f'{cls.__module__}.{cls.__name__}', 'model_type': config['model_type'],
             'num_parameters': sum(p.numel() for p in model.parameters())}
 
 
 # ---------------------------------------------------------------------------------------------- the export
 def check_export_args(extra: Sequence[str], patch_size: Optional[int] = None) -> None:
-    """Refuse a request to export a patch-level (K>1) model: exported models are plain Llamas."""
+    """Refuse a request to export a patch-level (K>1) model, and the flags the export sets itself."""
     ks = [patch_size] if patch_size is not None else []
     ks += [extra[i + 1] for i, a in enumerate(extra[:-1]) if a == '--patch_size']
     ks += [a.split('=', 1)[1] for a in extra if a.startswith('--patch_size=')]
     for k in ks:
         if str(k).strip() != '1':
-            raise ValueError(f'--patch_size {k}: the vanilla export writes a plain Llama (no patch_size in its config: '
-                             'the same weights serve every K, and K is a training-time setting of '
-                             f'{PLT_MODEL_TYPE}). Drop --patch_size; to train further at patch level, pass the '
-                             'exported dir to `megatron pt --model_type llama3_2_plt --patch_size K`.')
+            raise ValueError(f'--patch_size {k}: the vanilla export writes a plain model (no patch_size in its config: '
+                             'the same weights serve every K, and K is a training-time setting). Drop --patch_size; '
+                             'to train further at patch level, pass the exported dir to `megatron pt --patch_size K` '
+                             '(with its usual --model_type).')
     for flag in ('--to_mcore', '--mcore_model', '--output_dir', '--model_type', '--to_hf'):
         if any(a == flag or a.startswith(flag + '=') for a in extra):
             raise ValueError(f'{flag} is set by the vanilla export itself; drop it from the extra arguments.')
 
 
-def export_command(ckpt_dir: str, output_dir: str, model: str, extra: Sequence[str] = ()) -> List[str]:
+def export_command(ckpt_dir: str, output_dir: str, model: str, model_type: str,
+                   extra: Sequence[str] = ()) -> List[str]:
     # --patch_size 1: the Megatron side of ms-swift's optional --test_convert_precision check is the token-level model
     return [
-        cli_executable('megatron'), 'export', '--mcore_model', ckpt_dir, '--model', model, '--model_type',
-        PLT_MODEL_TYPE, '--custom_register_path', REGISTER_FILE, '--patch_size', '1', '--to_hf', 'true',
-        '--output_dir', output_dir, *extra
+        cli_executable('megatron'), 'export', '--mcore_model', ckpt_dir, '--model', model,
+        *model_type_flags(model_type), '--patch_size', '1', '--to_hf', 'true', '--output_dir', output_dir, *extra
     ]
+
+
+def export_model_type(ckpt_dir: str, model: str) -> str:
+    """The ms-swift model type the run that wrote ``ckpt_dir`` trained with (its args.json), else from config.json."""
+    return run_args(ckpt_dir).get('model_type') or swift_model_type(read_config(model).get('model_type'))
 
 
 def export_vanilla(checkpoint: str,
@@ -166,8 +177,10 @@ def export_vanilla(checkpoint: str,
                    patch_size: Optional[int] = None,
                    log_path: Optional[str] = None,
                    dry_run: bool = False,
-                   extra_env: Optional[Mapping[str, str]] = None) -> List[str]:
-    """Export ``checkpoint`` (a checkpoint-N dir or a run's output dir) to ``output_dir`` as a plain HF Llama.
+                   extra_env: Optional[Mapping[str, str]] = None,
+                   model_type: Optional[str] = None) -> List[str]:
+    """Export ``checkpoint`` (a checkpoint-N dir or a run's output dir) to ``output_dir`` as its family's plain HF
+    model; ``model_type``: the ms-swift model type (default: the run's, ``export_model_type``).
 
     ``extra``: more `megatron export` flags; ``extra_env``: added to its environment (default: ``export_launch``'s
     process count). Writes ``output_dir + '.tmp'`` and renames it at the end, so ``output_dir`` is always finished.
@@ -177,7 +190,7 @@ def export_vanilla(checkpoint: str,
     model = model or source_model_dir(ckpt)
     output_dir = os.path.abspath(output_dir)
     tmp = output_dir + '.tmp'
-    cmd = export_command(ckpt, tmp, model, extra)
+    cmd = export_command(ckpt, tmp, model, model_type or export_model_type(ckpt, model), extra)
     if dry_run:
         return cmd
     if os.path.exists(tmp):
@@ -199,13 +212,15 @@ def export_vanilla(checkpoint: str,
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog='swift-plt-export-vanilla',
-        description='Export a Megatron checkpoint of a llama3_2_plt run (patch or token stage) as a plain HF Llama. '
-        'Unknown flags are passed to `megatron export`.')
+        description='Export a Megatron checkpoint of a PLT run (patch or token stage) as its family\'s plain HF model '
+        '(e.g. LlamaForCausalLM). Unknown flags are passed to `megatron export`.')
     parser.add_argument('--checkpoint', required=False, help='checkpoint-N dir, or a `megatron pt` output_dir')
     parser.add_argument('--output_dir', help='default: <checkpoint>-vanilla')
     parser.add_argument('--model', help='HF model dir the run started from (default: from args.json)')
-    parser.add_argument('--patch_size', type=int, help='refused unless 1: exported models are plain Llamas')
-    parser.add_argument('--check', metavar='HF_DIR', help='only check that HF_DIR is a vanilla Llama and exit')
+    parser.add_argument('--model_type', help='ms-swift model type of the run (default: from args.json, else from '
+                        'config.json: llama3_2_plt for Llama, else its model_type)')
+    parser.add_argument('--patch_size', type=int, help='refused unless 1: exported models are plain models')
+    parser.add_argument('--check', metavar='HF_DIR', help='only check that HF_DIR is a vanilla model and exit')
     parser.add_argument('--dry_run', action='store_true', help='print the command only')
     args, extra = parser.parse_known_args(argv)
     try:
@@ -219,13 +234,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         launch = export_launch(extra)
         print(f'swift-plt-export-vanilla: {launch.note}', flush=True)
         cmd = export_vanilla(args.checkpoint, out, args.model, extra, args.patch_size, dry_run=args.dry_run,
-                             extra_env=launch.env)
+                             extra_env=launch.env, model_type=args.model_type)
     except (ValueError, FileNotFoundError, RuntimeError, AssertionError) as e:
         print(f'swift-plt-export-vanilla: error: {e}', file=sys.stderr)
         return 2
     print(('would run: ' if args.dry_run else 'exported with: ') + subprocess.list2cmdline(cmd))
     if not args.dry_run:
-        print(f'vanilla Llama written to {out}')
+        print(f'vanilla model written to {out}')
     return 0
 
 

@@ -5,8 +5,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional
 
-from swift_plt import PLT_MODEL_TYPE
-from swift_plt.recipe.export import PROVENANCE, REGISTER_FILE, checkpoint_iteration, list_checkpoints
+from swift_plt.recipe.export import PROVENANCE, checkpoint_iteration, list_checkpoints
+from swift_plt.recipe.family import model_type_flags, run_model_type
 from swift_plt.recipe.options import Options, RecipeError, check_data_parallel
 from swift_plt.recipe.plan import TwoStagePlan
 from swift_plt.recipe.process import Launch, cli_executable, gpu_count, pick_launch
@@ -79,12 +79,13 @@ def _stage_cmd(opts: Options, plan: TwoStagePlan, stage: int, state: StageState,
     extra = opts.stage1_args if stage == 1 else opts.stage2_args
     # Megatron checkpoints, which stage 2 loads as trained: with safetensors and no optimizer state ms-swift would
     # save no Megatron weights. The HF model comes from the export.
+    # the model type: the user's --model_type (shared flags only), else from config.json (Llama: llama3_2_plt)
     return [
-        cli_executable('megatron'), 'pt', '--model', opts.model, '--model_type', PLT_MODEL_TYPE,
-        '--custom_register_path', REGISTER_FILE, '--patch_size', str(s.patch_size), '--max_length',
-        str(s.seq_length), '--global_batch_size', str(s.global_batch_size), '--train_iters', str(s.train_iters),
-        '--output_dir', state.run_dir, '--add_version', 'false', '--save_safetensors', 'false', *init, *opts.args,
-        *extra
+        cli_executable('megatron'), 'pt', '--model', opts.model,
+        *model_type_flags(run_model_type(opts.model, opts.args)),
+        '--patch_size', str(s.patch_size), '--max_length', str(s.seq_length), '--global_batch_size',
+        str(s.global_batch_size), '--train_iters', str(s.train_iters), '--output_dir', state.run_dir, '--add_version',
+        'false', '--save_safetensors', 'false', *init, *opts.args, *extra
     ]
 
 

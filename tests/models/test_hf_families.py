@@ -77,7 +77,7 @@ def test_moe_routes_patches_and_adds_its_aux_loss_over_them(family, dirs, batch)
     expected = func(out.router_logits, model.num_experts, model.num_experts_per_tok, patch_mask)
     torch.testing.assert_close(out.aux_loss, expected)
     plain = trainer_call(model, batch, output_router_logits=False)
-    assert plain.loss + model.router_aux_loss_coef * out.aux_loss == pytest.approx(float(out.loss), rel=1e-6)
+    assert float(plain.loss + model.router_aux_loss_coef * out.aux_loss) == pytest.approx(float(out.loss), rel=1e-6)
     assert 0 < model.router_aux_loss_coef
 
 

@@ -1,0 +1,53 @@
+"""Which model families have a critic: one row per critic model type, registered from this table by
+swift_plt.plugin.register (ms-swift and mcore-bridge). Imports no torch.
+
+A critic is the family's own decoder with a ``[1, H]`` value head; its HF format is the family's transformers
+``*ForTokenClassification`` with ``num_labels=1``. A family qualifies when mcore-bridge builds it as a ``gpt`` model
+and the installed transformers has a ``*ForTokenClassification`` for its ``model_type`` (checked when a checkpoint
+is loaded: ``swift_plt.critic.keys.token_classification_class``).
+"""
+from typing import NamedTuple, Optional
+
+from swift_plt.critic import CRITIC_MODEL_TYPE
+
+
+class CriticFamily(NamedTuple):
+    hf_model_type: str  # config.json `model_type` of the family's checkpoints
+    template: str  # ms-swift's default template of the family
+    model_arch: Optional[str]  # ms-swift's ModelArch of the family (None: as ms-swift registers it)
+
+
+CRITIC_FAMILIES = {
+    CRITIC_MODEL_TYPE: CriticFamily('llama', 'llama3_2', 'llama'),
+    'qwen2_critic': CriticFamily('qwen2', 'qwen', 'llama'),
+    'qwen2_moe_critic': CriticFamily('qwen2_moe', 'qwen', None),
+    'qwen3_critic': CriticFamily('qwen3', 'qwen3', 'llama'),
+    'qwen3_moe_critic': CriticFamily('qwen3_moe', 'qwen3', None),
+    'deepseek_v3_critic': CriticFamily('deepseek_v3', 'deepseek_v2_5', 'deepseek_v2'),
+}
+CRITIC_REQUIRES = ['transformers>=4.43']
+
+
+def critic_for(hf_model_type: Optional[str]) -> Optional[str]:
+    """The critic model type of checkpoints with this config.json ``model_type``, or None."""
+    return next((k for k, f in CRITIC_FAMILIES.items() if f.hf_model_type == hf_model_type), None)
+
+
+def family_refusal(critic_type: str, hf_model_type: Optional[str]) -> Optional[str]:
+    """None where ``critic_type`` can load a checkpoint of ``hf_model_type``, else why not and what to do.
+    ``llama3_2_critic`` also takes other Llama-like model types (its trunk keys are checked on load)."""
+    family = CRITIC_FAMILIES[critic_type].hf_model_type
+    if hf_model_type == family:
+        return None
+    other = critic_for(hf_model_type)
+    if other is not None:
+        return (f'--model_type {critic_type} is for `{family}` checkpoints, this one is `{hf_model_type}` '
+                f'(config.json): use --model_type {other}.')
+    if critic_type == CRITIC_MODEL_TYPE:
+        return None
+    return (f'--model_type {critic_type} is for `{family}` checkpoints, this one is `{hf_model_type}` (config.json); '
+            f'critics exist for: {supported_list()}.')
+
+
+def supported_list() -> str:
+    return ', '.join(f'{f.hf_model_type} ({k})' for k, f in CRITIC_FAMILIES.items())

@@ -1,0 +1,67 @@
+"""The model family of a run, from the HF config.json's ``model_type``: the ms-swift model type every step passes
+(Llama: the design type ``llama3_2_plt``; other supported families their own) and the plain class the export writes."""
+import json
+import os
+from typing import List, Optional, Sequence
+
+from swift_plt import PLT_MODEL_TYPE
+from swift_plt.models.families import plt_refusal
+
+# The file ms-swift imports for `--custom_register_path` (registers llama3_2_plt), shipped in the package.
+REGISTER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'custom_register.py')
+LLAMA = 'llama'
+
+
+def read_config(model_dir: str) -> dict:
+    """``model_dir``/config.json as a dict; ValueError when it is missing or not a JSON mapping."""
+    path = os.path.join(model_dir, 'config.json')
+    try:
+        with open(path, encoding='utf-8') as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f'cannot read {path} ({e}); pass a local HF model dir.') from None
+    if not isinstance(config, dict):
+        raise ValueError(f'{path} is not a JSON mapping.')
+    return config
+
+
+def check_family(model_type: Optional[str]) -> None:
+    """ValueError unless HF model type ``model_type`` trains at patch level (the message says why and what is)."""
+    refusal = plt_refusal(model_type)
+    if refusal:
+        raise ValueError(refusal.replace(' Use --patch_size 1.', ' The two-stage recipe trains stage 1 at patch size '
+                                         'K > 1.'))
+
+
+def swift_model_type(hf_model_type: str) -> str:
+    """The ms-swift model type the steps pass for a config's model type: Llama keeps the design type."""
+    return PLT_MODEL_TYPE if hf_model_type == LLAMA else hf_model_type
+
+
+def run_model_type(model_dir: str, argv: Sequence[str] = ()) -> str:
+    """The ms-swift model type of a run: ``--model_type`` in ``argv`` if given, else from config.json."""
+    from swift_plt.recipe.process import flag_value
+    return flag_value(argv, 'model_type') or swift_model_type(read_config(model_dir).get('model_type'))
+
+
+def model_type_flags(model_type: str) -> List[str]:
+    """``--model_type`` (and, for the design type, the file that registers it) of a `megatron` command."""
+    extra = ['--custom_register_path', REGISTER_FILE] if model_type == PLT_MODEL_TYPE else []
+    return ['--model_type', model_type, *extra]
+
+
+def causal_lm_class(config: dict) -> str:
+    """The family's own transformers ``*ForCausalLM`` for ``config``: transformers' AutoModelForCausalLM mapping of
+    its model_type, else its own ``architectures`` when that is a transformers class; ValueError otherwise."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    model_type = config.get('model_type')
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if name:
+        return name
+    own = (config.get('architectures') or [''])[0]
+    if own.endswith('ForCausalLM'):
+        import transformers
+        if hasattr(transformers, own):
+            return own
+    raise ValueError(f'model_type {model_type!r} has no causal LM class in transformers (this version): the export '
+                     'cannot write a plain model that transformers loads without remote code.')
