@@ -1,0 +1,93 @@
+"""The stock CLIs with a family's own model type plus ``--patch_size`` on CPU (tests/harness): `megatron pt` builds
+``PLTGPTModel`` and trains at K=4, K=1 is ms-swift without the plugin bit for bit, `swift pt` trains the family's
+PLT class and saves the plain family model; refusals come before step 1."""
+import json
+import math
+import os
+
+import pytest
+
+from harness.cli import CPU_MEGATRON_ARGS, hf_train_logs, parse_logs, run_cli
+from harness.tiny import make_jsonl
+from swift_plt.tools.tiny_families import make_tiny_family
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    return make_jsonl(str(tmp_path_factory.mktemp('data') / 'train.jsonl'), rows=64)
+
+
+@pytest.fixture(scope='module')
+def models(tmp_path_factory):
+    return {}
+
+
+def model_dir(models, tmp_path_factory, family):
+    if family not in models:
+        models[family] = make_tiny_family(family, str(tmp_path_factory.mktemp(family)))
+    return models[family]
+
+
+def megatron_pt(model, family, data, out_dir, *extra, env=None):
+    return run_cli(['megatron', 'pt', '--model', model, '--model_type', family, '--template', 'default',
+                    '--dataset', data, '--max_length', '64', '--train_iters', '3', '--micro_batch_size', '2',
+                    '--global_batch_size', '4', '--lr', '1e-3', '--lr_warmup_iters', '0', '--logging_steps', '1',
+                    '--seed', '7', '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false',
+                    '--save_steps', '1000', '--no_save_optim', 'true', '--no_save_rng', 'true',
+                    '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--output_dir', str(out_dir),
+                    *CPU_MEGATRON_ARGS, *extra], env_extra=env, timeout=900)
+
+
+@pytest.mark.parametrize('family', ['qwen3', 'qwen3_moe'])
+def test_megatron_pt_family_patch_size_4_trains_plt_model(family, models, tmp_path_factory, data, tmp_path):
+    proc = megatron_pt(model_dir(models, tmp_path_factory, family), family, data, tmp_path, '--patch_size', '4')
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert 'model: PLTGPTModel(' in proc.stdout and 'patch_size=4' in proc.stdout
+    losses = [d['loss'] for d in parse_logs(proc.stdout) if 'loss' in d]
+    print(f'{family} megatron pt --patch_size 4 losses: {losses}')
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+
+def test_megatron_pt_family_k1_is_stock_without_plugin(models, tmp_path_factory, data, tmp_path):
+    model = model_dir(models, tmp_path_factory, 'qwen3')
+    plt1 = megatron_pt(model, 'qwen3', data, tmp_path / 'plt', '--patch_size', '1')
+    stock = megatron_pt(model, 'qwen3', data, tmp_path / 'stock', env={'SWIFT_PLT_DISABLE': '1'})
+    assert plt1.returncode == 0 and stock.returncode == 0, (plt1.stdout[-3000:], stock.stdout[-3000:])
+    assert 'PLTGPTModel' not in plt1.stdout
+    keys = ('loss', 'grad_norm')
+    got = [{k: d[k] for k in keys} for d in parse_logs(plt1.stdout) if 'loss' in d]
+    ref = [{k: d[k] for k in keys} for d in parse_logs(stock.stdout) if 'loss' in d]
+    assert len(ref) == 3 and got == ref
+
+
+def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, tmp_path_factory, data, tmp_path):
+    model = model_dir(models, tmp_path_factory, 'qwen3_moe')
+    proc = run_cli(['swift', 'pt', '--model', model, '--model_type', 'qwen3_moe', '--template', 'default',
+                    '--patch_size', '4', '--dataset', data, '--max_length', '64', '--tuner_type', 'full',
+                    '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false', '--router_aux_loss_coef',
+                    '0.01', '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
+                    '--logging_steps', '1', '--save_steps', '3', '--seed', '7', '--split_dataset_ratio', '0',
+                    '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
+                    '--output_dir', str(tmp_path)], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert 'PLTQwen3MoeForCausalLM' in proc.stdout
+    losses = [d['loss'] for d in hf_train_logs(str(tmp_path))]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    (ckpt, ) = [os.path.join(r, 'config.json') for r, _, fs in os.walk(tmp_path) if 'model.safetensors' in fs]
+    with open(ckpt) as f:
+        config = json.load(f)
+    assert config['architectures'] == ['Qwen3MoeForCausalLM'] and 'patch_size' not in config
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--model_type', 'qwen3', '--patch_size', '4', '--max_length', '62'], '--max_length 62 is not a multiple'),
+    (['--model_type', 'qwen3', '--patch_size', '4', '--mtp_num_layers', '1'], '--mtp_num_layers'),
+])
+def test_megatron_pt_family_refusals_before_step_1(argv, message, models, tmp_path_factory, data, tmp_path):
+    model = model_dir(models, tmp_path_factory, 'qwen3')
+    proc = run_cli(['megatron', 'pt', '--model', model, '--template', 'default', '--dataset', data,
+                    '--train_iters', '1', '--output_dir', str(tmp_path), *CPU_MEGATRON_ARGS, *argv], timeout=600)
+    assert proc.returncode != 0 and message in proc.stdout, proc.stdout[-3000:]
+    assert 'iteration' not in proc.stdout.split(message)[0].split('\n')[-1]
