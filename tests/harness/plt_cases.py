@@ -45,10 +45,12 @@ def hf_plt_reference(hf_dir, batch, k=K):
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False):
+def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False, per_token=False):
     """In each spawned rank: forward+backward through megatron's schedule with ms-swift's loss form. Returns
     {'loss'} on the last stage, {'emb_grad'} on the first and, with ``all_grads``, {'grads': {hf name: grad}}
-    (the gradients exported through mcore-bridge's own weight export, so every name is the HF one)."""
+    (the gradients exported through mcore-bridge's own weight export, so every name is the HF one).
+    ``per_token``: ms-swift's pre-training form, ``calculate_per_token_loss`` (the schedule gets (sum, count) and
+    the gradients are divided by the label-token count afterwards, as ``finalize_model_grads`` does)."""
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -59,7 +61,7 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False)
     elif model_type == 'llama3_2_plt':
         from swift_plt.plugin.register import register_mcore
         assert register_mcore()
-    extra = dict(extra_config or {})
+    extra = dict(extra_config or {}, calculate_per_token_loss=per_token)
     if model_type != 'gpt':
         extra['patch_size'] = k
     tp = parallel_state.get_tensor_model_parallel_world_size()
@@ -75,10 +77,11 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False)
         output = model(input_ids=data['input_ids'], position_ids=data['position_ids'],
                        attention_mask=data['attention_mask'], labels=labels)
 
-        def loss_func(output_tensor):  # ms-swift MegatronTrainer.loss_func, normalised here
+        def loss_func(output_tensor):  # ms-swift MegatronTrainer.loss_func, normalised here unless per_token
             mask = labels != -100
             total = torch.sum(output_tensor.float() * mask)
-            return total / mask.sum(), {'loss': torch.stack([total.detach(), mask.sum().float()])}
+            report = {'loss': torch.stack([total.detach(), mask.sum().float()])}
+            return (total, mask.sum(), report) if per_token else (total / mask.sum(), report)
 
         return output, loss_func
 
@@ -90,6 +93,10 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False)
     if result:
         total, count = result[0]['loss']
         out['loss'] = float(total / count)
+    if per_token:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad /= (labels != -100).sum()
     if model.pre_process:
         out['emb_grad'] = model.embedding.word_embeddings.weight.grad.clone()
     if all_grads:
@@ -97,4 +104,23 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False)
             for p in model.parameters():
                 p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
         out['grads'] = {n: t.clone() for n, t in model.config.bridge.export_weights(models)}
+    return out
+
+
+def fuse_experts(grads):
+    """Per-expert checkpoint names (``experts.{e}.gate_proj/up_proj/down_proj.weight``, what mcore-bridge exports)
+    -> the fused parameters transformers 5 holds (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``)."""
+    import re
+    out, experts = {}, {}
+    for name, t in grads.items():
+        m = re.fullmatch(r'(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight', name)
+        if m:
+            experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = t
+        else:
+            out[name] = t
+    for prefix, parts in experts.items():
+        n = 1 + max(e for e, _ in parts)
+        out[prefix + '.gate_up_proj'] = torch.stack([torch.cat([parts[e, 'gate_proj'], parts[e, 'up_proj']])
+                                                     for e in range(n)])
+        out[prefix + '.down_proj'] = torch.stack([parts[e, 'down_proj'] for e in range(n)])
     return out

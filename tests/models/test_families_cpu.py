@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.dist import spawn
-from harness.plt_cases import K, VOCAB, hf_plt_reference, make_batch, mcore_loss
+from harness.plt_cases import K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss
 from swift_plt.tools.tiny_families import make_tiny_family
 
 pytestmark = pytest.mark.xdist_group('families_cpu')
@@ -30,6 +30,7 @@ def family_dir(family_dirs, tmp_path_factory, family):
 
 
 def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
+    grads = fuse_experts(grads) if any('.experts.' in n and n.endswith('_proj') for n in ref) else grads
     missing = sorted(set(ref) - set(grads))
     assert not missing, f'no Megatron gradient for {missing}'
     for name, g in ref.items():
@@ -63,3 +64,93 @@ def test_tp2_equals_one_rank(family, family_dirs, tmp_path_factory, batch):
     assert all(o['loss'] == pytest.approx(one['loss'], rel=1e-6) for o in outs)
     grad = torch.cat([o['emb_grad'] for o in outs])
     torch.testing.assert_close(grad[:VOCAB], one['emb_grad'][:VOCAB], rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------- MoE and MLA
+MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
+NO_AUX = {'moe_aux_loss_coeff': 0.0}
+
+
+@pytest.mark.parametrize('family', MOE)
+def test_moe_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
+    """The router sees patches on both sides: a router fed tokens (or pooled after routing) changes the loss."""
+    hf_dir = family_dir(family_dirs, tmp_path_factory, family)
+    ref_loss, ref_grads = hf_plt_reference(hf_dir, batch)
+    (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', NO_AUX, True)
+    print(f'{family}: PLT loss megatron {out["loss"]!r}, brute force {ref_loss!r}; {len(ref_grads)} gradients')
+    assert out['loss'] == pytest.approx(ref_loss, rel=1e-5)
+    assert_grads_match(out['grads'], ref_grads)
+
+
+@pytest.mark.parametrize('family', ['qwen3_moe', 'deepseek_v3'])
+def test_moe_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
+    hf_dir = family_dir(family_dirs, tmp_path_factory, family)
+    (plt1, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, 'gpt_plt', {'moe_aux_loss_coeff': 0.1}, False, True)
+    (stock, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, 'gpt', {'moe_aux_loss_coeff': 0.1}, False, True)
+    assert plt1['loss'] == stock['loss']
+    assert torch.equal(plt1['emb_grad'], stock['emb_grad'])
+
+
+@pytest.mark.parametrize('layout, world, dims, extra', [
+    ('ep2', 2, dict(ep=2, etp=1), {}),
+    ('tp2-ep2-sp', 4, dict(tp=2, ep=2, etp=1), {'sequence_parallel': True}),
+    ('pp2', 2, dict(pp=2), {}),
+])
+def test_moe_layouts_equal_one_rank(layout, world, dims, extra, family_dirs, tmp_path_factory, batch):
+    """qwen3_moe at K=4: expert parallel, TP x EP with sequence parallel, and PP=2 give the single-rank loss and
+    input-embedding gradient (every rank runs the same batch here: DP and expert grads are the layouts tests')."""
+    hf_dir = family_dir(family_dirs, tmp_path_factory, 'qwen3_moe')
+    (one, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', NO_AUX)
+    outs = spawn(mcore_loss, world, hf_dir, batch, K, 'gpt_plt', dict(NO_AUX, **extra), **dims)
+    losses = [o['loss'] for o in outs if 'loss' in o]
+    print(f'qwen3_moe {layout}: losses {losses}, 1 rank {one["loss"]!r}')
+    assert losses and all(x == pytest.approx(one['loss'], rel=1e-5) for x in losses)
+    embs = [o['emb_grad'] for o in outs if 'emb_grad' in o]
+    grad = torch.cat(embs[:dims.get('tp', 1)])  # vocab-sharded over TP; the ranks of one TP group come first
+    torch.testing.assert_close(grad[:VOCAB], one['emb_grad'][:VOCAB], rtol=1e-4, atol=1e-6)
+
+
+def megatron_aux_objective(hf_dir, batch, k, coeff):
+    """Brute force of what a PLT MoE step optimises under per-token loss (ms-swift's default): the PatchTrain mean
+    NLL plus, per layer, coeff * K * T / N * switch loss over the T real patches of the batch (N label tokens)
+    (megatron's aux_loss: E / (topk T^2) sum_e (sum_t softmax_te) (rows routed to e)). Returns (value, grads)."""
+    from transformers import AutoModelForCausalLM
+
+    from harness.plt_cases import LENS
+    from swift_plt.patch_level.reference import reference_nll
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
+    E, topk = model.config.num_experts, model.config.num_experts_per_tok
+    nll, count, logits_per_layer = 0.0, 0, None
+    for b, n in enumerate(LENS):
+        ids = batch['input_ids'][b:b + 1, :n]
+        emb = model.get_input_embeddings()(ids).view(1, n // k, k, -1).mean(2)
+        out = model.model(inputs_embeds=emb, position_ids=torch.arange(n // k)[None], output_router_logits=True)
+        s, c = reference_nll(model.lm_head(out.last_hidden_state), batch['labels'][b:b + 1, :n], k)
+        nll, count = nll + s, count + c
+        rows = list(out.router_logits)
+        logits_per_layer = rows if logits_per_layer is None else [
+            torch.cat([a, r]) for a, r in zip(logits_per_layer, rows)]
+    aux = 0.0
+    for logits in logits_per_layer:  # [T, E] over the real patches
+        T = logits.shape[0]
+        probs = torch.softmax(logits.float(), dim=-1)
+        routed = torch.zeros_like(probs).scatter(1, probs.topk(topk, dim=-1).indices, 1.0)
+        aux = aux + E / (topk * T * T) * (probs.sum(0) * routed.sum(0)).sum() * T
+    objective = (nll + coeff * k * aux) / count
+    objective.backward()
+    return float(objective), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_moe_aux_loss_keeps_its_weight_at_patch_level(family_dirs, tmp_path_factory, batch):
+    """qwen3_moe K=4, per-token loss, aux coefficient 0.5: every gradient equals the brute-force objective whose aux
+    loss counts each patch as its K tokens. Counting patches as single tokens (no x K) fails the router gradients."""
+    hf_dir = family_dir(family_dirs, tmp_path_factory, 'qwen3_moe')
+    coeff = 0.5
+    ref, ref_grads = megatron_aux_objective(hf_dir, batch, K, coeff)
+    aux_cfg = {'moe_aux_loss_coeff': coeff, 'moe_router_load_balancing_type': 'aux_loss'}
+    (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', aux_cfg, True, True)
+    assert_grads_match(out['grads'], ref_grads)
+    # the aux loss is not negligible in these gradients: without it the router gradients differ
+    (no_aux, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', NO_AUX, True, True)
+    gate = next(n for n in ref_grads if n.endswith('mlp.gate.weight'))
+    assert not torch.allclose(no_aux['grads'][gate], ref_grads[gate], rtol=1e-2, atol=1e-5)
