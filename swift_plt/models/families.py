@@ -34,7 +34,7 @@ REFUSED = {
 MCORE_GPT_TYPE = 'gpt'  # mcore-bridge's model type of these families
 PLT_GPT_MODEL_TYPE = 'gpt_plt'  # the mcore-bridge model type PLT registers for them (PLTGPTModel), used at K > 1
 
-# mcore-bridge's `gpt` list this table was written against (compat guard: tests/models/test_families.py)
+# mcore-bridge's `gpt` list this table was written against (check_mcore_gpt_types)
 MCORE_GPT_TYPES_VERIFIED = ('qwen2', 'llama', 'qwen3', 'qwen2_moe', 'qwen3_moe', 'internlm3', 'mimo', 'deepseek',
                             'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5',
                             'ernie4_5_moe', 'glm4_moe', 'glm4_moe_lite', 'gpt_oss')
@@ -61,3 +61,11 @@ def plt_refusal(model_type: Optional[str], is_multimodal: bool = False) -> Optio
 def structure(model_type: Optional[str]) -> str:
     """'dense', 'moe' or 'mla+moe' for a supported family ('' otherwise)."""
     return FAMILIES.get(model_type, '')
+
+
+def check_mcore_gpt_types(mcore_gpt_types) -> None:
+    """Fail loudly when mcore-bridge no longer builds a supported family as `gpt` (upstream moved)."""
+    moved = sorted(set(FAMILIES) - set(mcore_gpt_types))
+    if moved:
+        raise RuntimeError(f'mcore-bridge no longer builds {moved} as its `gpt` model (swift-plt was verified against '
+                           f'{MCORE_BRIDGE_VERIFIED}): update swift-plt\'s family table.')

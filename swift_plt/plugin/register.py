@@ -43,11 +43,12 @@ def plt_gpt_model_meta():
     no HF model type maps to it, so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
     from mcore_bridge.model.register import ModelMeta, get_model_meta, register_model
 
-    from swift_plt.models.families import MCORE_GPT_TYPE, PLT_GPT_MODEL_TYPE
+    from swift_plt.models.families import MCORE_GPT_TYPE, PLT_GPT_MODEL_TYPE, check_mcore_gpt_types
     from swift_plt.models.megatron_gpt import PLTModelConfig, plt_loader
     meta = get_model_meta(PLT_GPT_MODEL_TYPE)
     if meta is None:
         gpt = get_model_meta(MCORE_GPT_TYPE)
+        check_mcore_gpt_types(gpt.model_types)
         meta = ModelMeta(PLT_GPT_MODEL_TYPE, [], bridge_cls=gpt.bridge_cls, loader=plt_loader(gpt.loader),
                          config_cls=PLTModelConfig)
         register_model(meta)
@@ -55,40 +56,46 @@ def plt_gpt_model_meta():
 
 
 def register_critic_swift() -> None:
-    """HF side of ``llama3_2_critic``: transformers' LlamaForTokenClassification(num_labels=1), from a critic dir or
-    a causal LM dir (``swift export``, ms-swift's HF model loading)."""
+    """HF side of every critic model type (swift_plt.critic.families): the family's transformers
+    ``*ForTokenClassification(num_labels=1)``, from a critic dir or a causal LM dir (``swift export``, HF loading)."""
     from swift.model import ModelGroup, ModelMeta, register_model
-    from swift.model.model_arch import ModelArch
-    from swift.template import TemplateType
 
+    from swift_plt.critic.families import CRITIC_FAMILIES, CRITIC_REQUIRES
     from swift_plt.critic.hf import CriticHFLoader
-    from swift_plt.critic.keys import HF_ARCHITECTURE
+    from swift_plt.critic.keys import token_classification_class
 
-    register_model(
-        ModelMeta(
-            CRITIC_MODEL_TYPE,
-            [ModelGroup([])],  # pass --model <local Llama or critic dir> --model_type llama3_2_critic
-            loader=CriticHFLoader,
-            template=TemplateType.llama3_2,
-            model_arch=ModelArch.llama,
-            architectures=[HF_ARCHITECTURE],
-            mcore_model_type=CRITIC_MODEL_TYPE,
-            requires=['transformers>=4.43'],
-        ),
-        exist_ok=True)
+    for model_type, family in CRITIC_FAMILIES.items():
+        try:
+            architectures = [token_classification_class(family.hf_model_type).__name__]
+        except ValueError:  # not in this transformers: the loader refuses such checkpoints with the reason
+            architectures = []
+        register_model(
+            ModelMeta(
+                model_type,
+                [ModelGroup([])],  # pass --model <local causal-LM or critic dir of the family> --model_type <critic>
+                loader=CriticHFLoader,
+                template=family.template,
+                model_arch=family.model_arch,
+                architectures=architectures,
+                mcore_model_type=model_type,
+                requires=list(CRITIC_REQUIRES),
+            ),
+            exist_ok=True)
 
 
 def register_critic_mcore() -> bool:
-    """Megatron side of ``llama3_2_critic`` (config, GPTModel, loader, bridge); False without mcore-bridge."""
+    """Megatron side of every critic model type (config, GPTModel, loader, bridge); False without mcore-bridge."""
     try:
         from mcore_bridge.model.register import ModelMeta, register_model
     except ImportError:
         return False
+    from swift_plt.critic.families import CRITIC_FAMILIES
     from swift_plt.critic.model import CriticBridge, CriticModelConfig, CriticModelLoader
-    register_model(
-        ModelMeta(CRITIC_MODEL_TYPE, [CRITIC_MODEL_TYPE], loader=CriticModelLoader, config_cls=CriticModelConfig,
-                  bridge_cls=CriticBridge),
-        exist_ok=True)
+    for model_type in CRITIC_FAMILIES:
+        register_model(
+            ModelMeta(model_type, [model_type], loader=CriticModelLoader, config_cls=CriticModelConfig,
+                      bridge_cls=CriticBridge),
+            exist_ok=True)
     return True
 
 
