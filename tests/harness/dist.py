@@ -5,7 +5,7 @@ import random
 import socket
 import time
 import traceback
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 from .patches import install
 
@@ -48,11 +48,13 @@ def _set_threads():
 
 
 def init_megatron(*, rank: int = 0, world_size: int = 1, tp: int = 1, pp: int = 1, port: int = None,
-                  seed: int = 42, cp: int = 1):
+                  seed: int = 42, cp: int = 1, ep: int = 1, etp: Optional[int] = None):
     """``install()``, gloo process group, ``initialize_model_parallel(tp, pp)`` and megatron's RNG seeding.
 
     ``world_size`` must be a multiple of ``tp * pp * cp`` (the rest is data parallel; ``cp``: context parallel, which
-    needs the CPU CP attention stand-in, ``harness.cp_attention``). Seeding follows
+    needs the CPU CP attention stand-in, ``harness.cp_attention``). ``ep`` / ``etp``: expert model / expert tensor
+    parallel sizes (MoE; ``etp=None``: megatron's default, ``tp``); ``world_size`` must also be a multiple of
+    ``etp * ep * pp``. Seeding follows
     ``mcore_bridge.set_random_seed`` (pipeline stage p gets ``seed + 1009 * p``).
     """
     install()
@@ -71,7 +73,8 @@ def init_megatron(*, rank: int = 0, world_size: int = 1, tp: int = 1, pp: int = 
                           LOCAL_WORLD_SIZE=str(world_size))
         dist.init_process_group('gloo', rank=rank, world_size=world_size)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             context_parallel_size=cp)
+                                             context_parallel_size=cp, expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
     seed = seed + 1009 * parallel_state.get_pipeline_model_parallel_rank()
     random.seed(seed)
     np.random.seed(seed)
@@ -104,9 +107,9 @@ def _loads(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1):
+def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1, ep=1, etp=None):
     try:
-        init_megatron(rank=rank, world_size=world_size, tp=tp, pp=pp, port=port, seed=seed, cp=cp)
+        init_megatron(rank=rank, world_size=world_size, tp=tp, pp=pp, port=port, seed=seed, cp=cp, ep=ep, etp=etp)
         result = fn(*args)
         queue.put((rank, True, _dumps(result)))
     except BaseException:
@@ -120,9 +123,9 @@ def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1):
 
 
 def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: int = 42,
-          timeout: float = 300, cp: int = 1) -> List[Any]:
+          timeout: float = 300, cp: int = 1, ep: int = 1, etp: Optional[int] = None) -> List[Any]:
     """Run ``fn(*args)`` in ``world_size`` fresh processes joined in a gloo group with megatron parallel state
-    ``(tp, pp, cp)`` initialised; return the per-rank results (rank order).
+    ``(tp, pp, cp, ep, etp)`` initialised (see ``init_megatron``); return the per-rank results (rank order).
 
     ``fn`` and ``args`` must be picklable (``fn`` defined at module level). Results travel through ``torch.save``,
     so tensors are fine. A fresh interpreter per rank also isolates megatron's global state (and the RoPE hazard,
@@ -134,7 +137,7 @@ def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: 
     queue = ctx.SimpleQueue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue, cp))
+        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue, cp, ep, etp))
         for rank in range(world_size)
     ]
     env_before = os.environ.get('OMP_NUM_THREADS')

@@ -16,8 +16,6 @@ CPU_CONFIG_DEFAULTS: Dict[str, Any] = {
     'gradient_accumulation_fusion': False,
     'apply_rope_fusion': False,
     'sequence_parallel': False,
-    'expert_model_parallel_size': 1,
-    'expert_tensor_parallel_size': 1,
     # ms-swift without virtual pipeline: overlap_p2p_comm=False, batch_p2p_comm=True (megatron_args.py)
     'overlap_p2p_comm': False,
     'batch_p2p_comm': True,
@@ -37,7 +35,8 @@ def build_mcore_model(hf_dir: str,
     + ``GPTBridge.load_weights`` (``trainers/base.py``): ``hf_to_mcore_config(hf_config)`` gives the model fields,
     ``get_model_meta(mcore_model_type).config_cls`` (a plugin's ModelConfig subclass, whose extra fields come in
     ``extra_config``) builds the config, ``config.model_meta.loader`` builds the model, ``config.bridge`` loads the
-    safetensors. ``tp`` / ``pp`` must match the initialised parallel state (``init_megatron`` / ``spawn``).
+    safetensors. ``tp`` / ``pp`` must match the initialised parallel state (``init_megatron`` / ``spawn``); the expert
+    parallel sizes (``expert_model_parallel_size`` / ``expert_tensor_parallel_size``) are taken from it.
     Returns the list ``get_mcore_model`` returns (one chunk without virtual pipeline), in eval mode.
     """
     install()
@@ -64,6 +63,8 @@ def build_mcore_model(hf_dir: str,
         pipeline_model_parallel_size=pp,
         params_dtype=torch.float32,
         attention_backend=AttnBackend.unfused,
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
         **CPU_CONFIG_DEFAULTS)
     kwargs.update(extra_config or {})
     config_cls = getattr(model_meta, 'config_cls', ModelConfig)

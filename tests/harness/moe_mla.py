@@ -68,7 +68,7 @@ class GroupedLinear(MegatronModule):
             param.allreduce = not (is_expert and self.expert_parallel)
 
     def forward(self, x, m_splits: List[int]):
-        chunks = torch.split(x.view(-1, x.shape[-1]), list(m_splits))
+        chunks = torch.split(x.reshape(-1, x.shape[-1]), list(m_splits))
         add_bias = self.use_bias and not self.te_return_bias
         out = torch.cat([
             F.linear(c, getattr(self, f'weight{i}'), getattr(self, f'bias{i}') if add_bias else None)

@@ -87,7 +87,10 @@ PATCHES (id: upstream target -- what and why)
     MLA core attention becomes ``moe_mla.MLACoreAttention`` (``DotProductAttention`` with q/k head dim ``k_channels``,
     output ``heads * v_channels``, MLA's ``softmax_scale``; masks and THD via P14). P4 also maps the bridge's TE
     fused-norm keys ``linear_q_up_proj.layer_norm_weight`` / ``linear_kv_up_proj.layer_norm_weight`` to the local
-    spec's ``q_layernorm.weight`` / ``kv_layernorm.weight``. The local spec's MLA down projections are
+    spec's ``q_layernorm.weight`` / ``kv_layernorm.weight``. And ``megatron.core.transformer.multi_latent_attention``
+    (0.16.1) sets ``HAVE_TE = True`` without TE (its guarded imports of megatron's TE wrappers succeed, with
+    ``TELinear`` / ``TEColumnParallelLinear`` MagicMock instances), then ``isinstance(self.linear_proj, TELinear)``
+    raises: both names become ``_NoTEModule`` (P3) there. The local spec's MLA down projections are
     ``ColumnParallelLinear`` where TE has duplicated ``TELinear``: TP > 1 with MLA is not supported (the bridge loads
     them unsplit).
  P19 ``megatron.core.transformer.moe.moe_utils`` (0.16.1): ``RouterGatingLinearFunction`` (the router GEMM when
@@ -95,6 +98,10 @@ PATCHES (id: upstream target -- what and why)
     defines when TE imports: NameError without TE. It is defined as None, so the function takes its torch path.
  P20 P9's null ``torch.cuda.Stream``: ``record_event()`` returns a null Event, not None (megatron-core 0.16.1's
     alltoall MoE token dispatcher records one on its D2H stream and later calls ``.synchronize()`` on it).
+ P21 ``megatron.core.transformer.moe.moe_utils.maybe_move_tensor_to_cpu`` (0.16.1; also its name in
+    ``moe.token_dispatcher``): the alltoall token dispatcher takes the EP split sizes from it with ``as_numpy=True``;
+    upstream converts only CUDA tensors, so on CPU a torch tensor reached ``all_to_all_single``, which wants a
+    sequence of ints (TypeError). CPU tensors asked for ``as_numpy`` are converted too, as CUDA ones are on GPUs.
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -448,10 +455,35 @@ def _patch_tuners_patcher(patcher):
             setattr(patcher, name, _NoTEModule)
 
 
+# --------------------------------------------------------------------------------------------------------- P18
+def _patch_multi_latent_attention(mla):
+    for name in ('TELinear', 'TEColumnParallelLinear'):
+        if not isinstance(getattr(mla, name, None), type):
+            setattr(mla, name, _NoTEModule)
+
+
 # --------------------------------------------------------------------------------------------------------- P19
 def _patch_moe_utils(moe_utils):
     if not hasattr(moe_utils, 'te_general_gemm'):
         moe_utils.te_general_gemm = None
+    # P21
+    orig = moe_utils.maybe_move_tensor_to_cpu
+    if getattr(orig, '_cpu_harness_patched', False):
+        return
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        import torch
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return orig(tensor, as_numpy, record_stream)
+
+    maybe_move_tensor_to_cpu._cpu_harness_patched = True
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
+def _patch_token_dispatcher(token_dispatcher):  # P21 (the name it imported from moe_utils, patched first)
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    token_dispatcher.maybe_move_tensor_to_cpu = moe_utils.maybe_move_tensor_to_cpu
 
 
 def install():
@@ -480,7 +512,9 @@ def install():
     if os.environ.get('SWIFT_PLT_CPU_PACK_AS_CP'):
         _imports.when_imported('swift.template.base', _patch_pack_as_cp)  # P15
     _imports.when_imported('mcore_bridge.tuners.patcher', _patch_tuners_patcher)  # P16
-    _imports.when_imported('megatron.core.transformer.moe.moe_utils', _patch_moe_utils)  # P19
+    _imports.when_imported('megatron.core.transformer.multi_latent_attention', _patch_multi_latent_attention)  # P18
+    _imports.when_imported('megatron.core.transformer.moe.moe_utils', _patch_moe_utils)  # P19, P21
+    _imports.when_imported('megatron.core.transformer.moe.token_dispatcher', _patch_token_dispatcher)  # P21
     from .cp_attention import enable_from_env
     enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 
