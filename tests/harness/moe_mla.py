@@ -152,6 +152,11 @@ class MLACoreAttention(DotProductAttention):
         self.hidden_size_per_attention_head = k_channels
         self.hidden_size_per_partition = v_channels * heads  # output [s, b, heads * v_channels]
 
+    def forward(self, query, key, value, *args, **kwargs):
+        # under THD megatron's MLA pads the values to the query/key head dim and slices the output back
+        self.hidden_size_per_partition = value.shape[-1] * self.num_attention_heads_per_partition
+        return super().forward(query, key, value, *args, **kwargs)
+
 
 def localize_te_specs(block_spec) -> None:
     """Point the MoE experts and MLA core attention of a local-spec block at the stand-ins above (in place)."""

@@ -86,7 +86,7 @@ def pack(micro_batches, multiple=2 * K * 2):
 
 
 # ---------------------------------------------------------------------------------------------------- rank worker
-def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None):
+def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None, extra_config=None):
     packed = micro_batches[0]['input_ids'].shape[0] == 1 and 'attention_mask' not in micro_batches[0]
     """One training step (forward + backward + finalize_model_grads) of this rank on its DP share of
     ``micro_batches``; returns loss sums, per-token outputs and (rank 0) the full gradients in HF layout."""
@@ -120,9 +120,12 @@ def _step(hf_dir, model_type, k, micro_batches, vpp=None, sp=False, mutate=None)
 
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-    extra = {'sequence_parallel': sp, 'calculate_per_token_loss': True}
-    if model_type == 'llama3_2_plt':
+    extra = {'sequence_parallel': sp, 'calculate_per_token_loss': True, **(extra_config or {})}
+    if model_type in ('llama3_2_plt', 'gpt_plt'):
         extra['patch_size'] = k
+    if model_type == 'gpt_plt':
+        from swift_plt.plugin.register import plt_gpt_model_meta
+        plt_gpt_model_meta()
     if vpp:  # ms-swift under virtual pipeline: overlap_p2p_comm=True, batch_p2p_comm=False (megatron_args.py)
         ps.set_virtual_pipeline_model_parallel_world_size(vpp)
         extra.update(virtual_pipeline_model_parallel_size=vpp, overlap_p2p_comm=True, batch_p2p_comm=False)
@@ -194,10 +197,10 @@ def _hf_grads(chunks):
 def brute_force_plt_loss(hf_dir, micro_batches, k):
     """PatchTrain with plain transformers (swift_plt.patch_level.reference), row by row on the real tokens: the
     mean NLL of all valid targets of the global batch (patch p predicts the K tokens of patch p+1, none patch 0)."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from swift_plt.patch_level.reference import padded_batch_nll
-    model = LlamaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
     nll, count = 0.0, 0
     with torch.no_grad():
         for mb, lens in zip(micro_batches, LENS):
@@ -343,6 +346,26 @@ def test_thd_stand_in_k1_stock_gpt_packed_equals_padded(hf_dir, batches):
 def test_plt_packed_equals_padded_one_rank(one_rank_packed, one_rank):
     """PLT K=4 on THD batches (patch-level cu_seqlens; pad "documents" of one token at the end) == padded rows."""
     assert_same_step(one_rank_packed, one_rank, f'PLT K={K} packed vs padded', outputs=False)
+
+
+@pytest.fixture(scope='module')
+def mla_dir(tmp_path_factory):
+    from swift_plt.tools.tiny_families import make_tiny_family
+    return make_tiny_family('deepseek_v3', str(tmp_path_factory.mktemp('mla')), vocab_size=VOCAB)
+
+
+def test_mla_moe_padded_and_packed_equal_brute_force(mla_dir, batches):
+    """DeepSeek-V3 shape (MLA + MoE, K=4) through ms-swift's trainer step: padded rows give the brute-force loss,
+    packed (THD) rows the same step; in THD, MLA's decoupled RoPE is indexed by the patch positions of each document
+    (token positions there fail this test)."""
+    no_aux = {'moe_aux_loss_coeff': 0.0}
+    ref_loss, count = brute_force_plt_loss(mla_dir, batches, K)
+    padded = spawn(_step, 1, mla_dir, 'gpt_plt', K, batches, None, False, None, no_aux)
+    loss, tokens = _loss(padded)
+    print(f'deepseek_v3 1 rank: loss {loss!r}, brute force {ref_loss!r} over {count} targets')
+    assert tokens == count and loss == pytest.approx(ref_loss, rel=REL)
+    packed = spawn(_step, 1, mla_dir, 'gpt_plt', K, pack(batches), None, False, None, no_aux)
+    assert_same_step(packed, padded, 'deepseek_v3 PLT packed vs padded', outputs=False)
 
 
 @pytest.mark.parametrize('layout', ['tp2_sp', 'dp2_pp2_vpp2'])
