@@ -1,13 +1,14 @@
 """Import critics saved by other RLHF frameworks into our format (torch + safetensors; transformers only to tell its
 format; no ms-swift).
 
-Our format: an HF ``LlamaForTokenClassification`` dir with ``num_labels=1``: the Llama trunk ``model.*`` and the value
-head ``score.weight`` ``[1, H]``, written for the installed transformers: bias-free on 5.x
-(``token_classification_bias=False``), plus a zero ``score.bias`` ``[1]`` on 4.57.x (whose head always has a bias;
-see swift_plt.critic.keys). It loads in plain transformers, and ``swift export --to_mcore`` / ``megatron ... --model``
-load it with ``--model_type llama3_2_critic``.
+Our format: an HF ``<Family>ForTokenClassification`` dir with ``num_labels=1`` (the family of SRC's config.json
+``model_type``, e.g. Llama, Qwen3, Qwen3-MoE): the trunk ``model.*`` and the value head ``score.weight`` ``[1, H]``,
+written for the installed transformers: bias-free on 5.x (``token_classification_bias=False``), plus a zero
+``score.bias`` ``[1]`` on 4.57.x (whose head always has a bias; see swift_plt.critic.keys). It loads in plain
+transformers, and ``swift export --to_mcore`` / ``megatron ... --model`` load it with the family's critic model type
+(``--model_type llama3_2_critic``, ``qwen3_critic``, ...: swift_plt.critic.families).
 
-Formats (``--from``), all on a Llama trunk ``model.*``:
+Formats (``--from``), all on the family's trunk ``model.*`` as its checkpoints store it:
   trl       TRL ``AutoModelForCausalLMWithValueHead``: ``v_head.summary.weight`` [1, H], ``v_head.summary.bias`` [1];
             its ``lm_head.weight`` (the policy's LM head) is dropped.
   openrlhf  OpenRLHF ``CriticModel``: ``value_head.weight`` [1, H] (no bias). With ``normalize_reward`` in its
@@ -155,8 +156,9 @@ def convert(fmt: str, src: str, dst: str, drop_bias: bool = False) -> Optional[s
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog='python -m swift_plt.critic.convert',
-        description='Convert a TRL / OpenRLHF / verl Llama critic into an HF LlamaForTokenClassification(num_labels=1) '
-        'dir that `swift export --to_mcore` and `megatron ... --model_type llama3_2_critic` load.')
+        description='Convert a TRL / OpenRLHF / verl critic into an HF <Family>ForTokenClassification(num_labels=1) '
+        'dir that `swift export --to_mcore` and `megatron ... --model_type <family critic>` load (e.g. '
+        'llama3_2_critic, qwen3_critic).')
     parser.add_argument('--from', dest='fmt', required=True, choices=sorted(FORMATS))
     parser.add_argument('src')
     parser.add_argument('dst')
@@ -169,7 +171,9 @@ def main(argv=None) -> int:
         return 2
     if warning:
         print(f'WARNING: {warning}', file=sys.stderr)
-    print(f'wrote {args.dst} (LlamaForTokenClassification, num_labels=1)')
+    with open(os.path.join(args.dst, 'config.json')) as f:
+        architecture = json.load(f)['architectures'][0]
+    print(f'wrote {args.dst} ({architecture}, num_labels=1)')
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The Megatron side of ``llama3_2_critic``: config, GPTModel, loader and bridge for mcore-bridge.
+"""The Megatron side of the critics (``llama3_2_critic``, ``qwen3_critic``, ...: swift_plt.critic.families): config,
+GPTModel, loader and bridge for mcore-bridge, the same for every family (mcore-bridge's GPT decoder of the family).
 
 Design: the critic reuses mcore-bridge's own sequence-classification path instead of a hand-written head.
 ``CriticModelConfig`` pins ``task_type='seq_cls'``, ``num_labels=1`` and untied embeddings, so mcore-bridge's
@@ -13,7 +14,7 @@ LM loss). What this buys, all upstream code:
     (``gather_from_sequence_parallel_region``; gathering before or after a per-token linear map is the same);
   * PP: only post_process stages have ``output_layer``; the others return hidden states;
   * checkpoints: ``output_layer.weight`` is in the mcore distributed checkpoint (replicated tensor), and mcore-bridge
-    maps it to/from the HF key ``score.weight`` for seq_cls (HF ``LlamaForTokenClassification``).
+    maps it to/from the HF key ``score.weight`` for seq_cls (HF ``<Family>ForTokenClassification``).
 The module keeps upstream's name ``output_layer`` (``CriticGPTModel.value_head`` is an alias), so all of the above
 and ms-swift's export apply unchanged. What this module adds on top:
   * the head is zero-initialised at construction (see ``init_value_head``) and, when a checkpoint has no head,
@@ -26,10 +27,11 @@ and ms-swift's export apply unchanged. What this module adds on top:
   * ``CriticBridge._set_weight`` copies the ``[1, H]`` head as is: mcore-bridge 1.6.5 treats ``output_layer.weight``
     as a vocabulary matrix and pads its rows to a multiple of TP (``[1, H]`` -> ``[2, H]`` at TP=2, which then no
     longer fits the replicated ``[1, H]`` parameter);
-  * the exported HF config is a ``LlamaForTokenClassification`` with ``num_labels=1``, ``tie_word_embeddings=False``
-    and, on transformers 5.x, ``token_classification_bias=False`` (plain transformers builds ``score`` without bias
-    and loads it exactly); on 4.57.x, whose head always has a bias, ``CriticBridge`` adds a zero ``score.bias`` [1]
-    to the export (``token_classification_bias=True``), so that transformers loads it with no missing key.
+  * the exported HF config is the family's ``*ForTokenClassification`` with ``num_labels=1``,
+    ``tie_word_embeddings=False`` and, on transformers 5.x, ``token_classification_bias=False`` (plain transformers
+    builds ``score`` without bias and loads it exactly); on 4.57.x, whose head always has a bias, ``CriticBridge``
+    adds a zero ``score.bias`` [1] to the export (``token_classification_bias=True``), so that transformers loads it
+    with no missing key.
 
 Head initialisation (no head in the checkpoint): zeros. Every value is 0 at step 0 (no random offset the critic has
 to unlearn, a neutral baseline for the first advantages), the head's gradient sum_t (dL/dv_t) h_t is non-zero so it
@@ -41,8 +43,9 @@ sequence); training (``megatron sft``, swift_plt.critic.trainer) shifts the targ
 split, so each value/target pair is local to a rank. The ``MegatronCritic`` engine refuses CP (its ``values()``
 shift by one token would cross CP slice boundaries; see swift_plt.critic.engine).
 
-Not supported (refused in ``CriticModelConfig`` with a message): MTP, patch-level training (``--patch_size`` > 1 is
-refused by swift_plt.plugin.arguments for any model type but ``llama3_2_plt``).
+Not supported (refused in ``CriticModelConfig`` with a message): MTP, a checkpoint of another family than the critic
+model type's (``families.family_refusal``), patch-level training (``--patch_size`` > 1 is refused for critics by
+swift_plt.plugin.arguments).
 """
 from dataclasses import dataclass
 
@@ -53,8 +56,9 @@ from mcore_bridge.model import GPTModel
 from mcore_bridge.model.register import ModelLoader
 from mcore_bridge.utils import get_logger, unwrap_model
 
-from swift_plt.critic import CRITIC_MODEL_TYPE
 from swift_plt.compat.transformers import critic_head_has_bias
+from swift_plt.critic import CRITIC_MODEL_TYPE
+from swift_plt.critic.families import CRITIC_FAMILIES, family_refusal
 from swift_plt.critic.keys import (HEAD_BIAS_KEY, HEAD_KEY, check_critic_keys, check_head_bias, critic_hf_config,
                                    read_head_bias, read_safetensors_shapes)
 
@@ -79,14 +83,24 @@ class CriticModelConfig(ModelConfig):
             f'num_labels={self.num_labels} (a critic has one value per token)': self.num_labels not in (None, 1),
         }
         bad = [k for k, v in unsupported.items() if v]
+        name = critic_name(self)
         if bad:
-            raise ValueError(f'{CRITIC_MODEL_TYPE} does not support: {"; ".join(bad)}.')
+            raise ValueError(f'{name} does not support: {"; ".join(bad)}.')
+        if self.hf_config is not None and name in CRITIC_FAMILIES:
+            refusal = family_refusal(name, getattr(self.hf_config, 'model_type', None))
+            if refusal:
+                raise ValueError(refusal)
         self.task_type = 'seq_cls'
         self.num_labels = 1
         self.untie_embeddings_and_output_weights = True
         if self.hf_config is not None:
             self.hf_config = critic_hf_config(self.hf_config)
         super().__post_init__()
+
+
+def critic_name(config) -> str:
+    """The critic model type a config was built for (mcore-bridge's ``mcore_model_type``)."""
+    return getattr(config, 'mcore_model_type', None) or CRITIC_MODEL_TYPE
 
 
 def init_value_head(weight: torch.Tensor) -> None:
@@ -151,7 +165,7 @@ class CriticBridge(GPTBridge):
             for model in models if isinstance(models, list) else [models]:
                 if model.post_process:
                     init_value_head(model.output_layer.weight)
-            logger.warning(f'[swift-plt] {CRITIC_MODEL_TYPE}: {hf_model_dir} has no value head ({HEAD_KEY}): '
+            logger.warning(f'[swift-plt] {critic_name(self.config)}: {hf_model_dir} has no value head ({HEAD_KEY}): '
                            f'initialised the value head with {HEAD_INIT} (a causal LM: its lm_head is dropped).')
         return result
 
@@ -170,7 +184,7 @@ class CriticBridge(GPTBridge):
             params = mg_param if isinstance(mg_param, (list, tuple)) else [mg_param]
             for param in params:
                 if tuple(hf_weight.shape) != tuple(param.shape):
-                    raise ValueError(f'{CRITIC_MODEL_TYPE}: value head {HEAD_KEY} has shape '
+                    raise ValueError(f'{critic_name(self.config)}: value head {HEAD_KEY} has shape '
                                      f'{list(hf_weight.shape)}, the model needs {list(param.shape)}.')
                 param.data.copy_(hf_weight)
             return

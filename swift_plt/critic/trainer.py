@@ -1,5 +1,6 @@
-"""``MegatronCriticTrainer``: ms-swift's Megatron trainer with the masked value loss (``megatron sft``/``pt`` with
-``--model_type llama3_2_critic``; chosen by swift_plt/plugin/patches/swift_megatron_pipelines_train_sft.py).
+"""``MegatronCriticTrainer``: ms-swift's Megatron trainer with the masked value loss (``megatron sft``/``pt`` with a
+critic model type, e.g. ``--model_type qwen3_critic``; chosen by
+swift_plt/plugin/patches/swift_megatron_pipelines_train_sft.py).
 
 Everything else (data loading, schedules, optimizer, checkpointing, logging) is upstream's MegatronTrainer. The batch
 carries token-aligned ``returns``/``old_values`` next to ``labels`` (swift_plt/plugin/patches/swift_template.py); here they become

@@ -80,7 +80,7 @@ def test_clipped_value_loss_on_per_token_returns(tiny, tmp_path):
 # show that they reach the CLI user before step 1 (each CLI run costs ~20 s on CPU).
 @pytest.mark.parametrize('kind, extra, message', [
     ('misaligned', [], '"returns" has 3 values but the response has'),
-    ('reward', ['--patch_size', '4'], 'model type `llama3_2_critic` has no patch-level training'),
+    ('reward', ['--patch_size', '4'], '`llama3_2_critic` is a critic (value head), trained token by token'),
 ])
 def test_bad_input_fails_before_step_1(tiny, tmp_path, kind, extra, message):
     model, root = tiny
