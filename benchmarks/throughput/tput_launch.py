@@ -20,6 +20,8 @@ Records per run: ``W/probes/NAME_rR.meta.json`` (name, MBS, GBS, max_length, K) 
 turn, exit times, rc, state) for throughput_summary.py; logs in ``W/runs/NAME_rR.log``.
 ``--wait-file F``: no turn before F exists (throughput_1b.sh makes the weights while the first runs start up).
 ``--lookahead 1`` is the serial mode (one process at a time, no overlap).
+``--family LABEL=DIR`` (families.sh): runs LABEL_stock / LABEL_plt4 (LABEL_plt1 if named) of DIR through its own
+ms-swift model type (config.json's model_type), instead of the Llama runs of ``--model``; ``--template`` for all.
 """
 import argparse
 import json
@@ -46,6 +48,33 @@ BASES = {
 }
 BASES['stock2'] = BASES['stock']  # the control: the same stock run again, so stock2/stock is the noise floor
 POSITIONS = 2048
+MODELS = {}  # base name -> model dir, for --family runs (default: --model)
+
+
+def family_bases(label, model_type):
+    """Runs of one --family LABEL=DIR: the family's own ms-swift model type (config.json model_type), stock with the
+    plugin off, and --patch_size 1 / 4 (the plugin swaps in its gpt_plt model at K > 1)."""
+    return {
+        f'{label}_stock': (['--model_type', model_type], '1', 1),
+        f'{label}_plt1': (['--model_type', model_type, '--patch_size', '1'], '0', 1),
+        f'{label}_plt4': (['--model_type', model_type, '--patch_size', '4'], '0', 4),
+    }
+
+
+def add_families(specs):
+    """['LABEL=DIR', ...] -> the default run names (LABEL_stock LABEL_plt4 per family); registers their bases."""
+    names = []
+    for spec in specs:
+        label, _, d = spec.partition('=')
+        if not label or not d or '_r' in label:
+            raise SystemExit(f'--family {spec!r}: expected LABEL=DIR (LABEL without "_r")')
+        with open(os.path.join(d, 'config.json')) as f:
+            model_type = json.load(f)['model_type']
+        for name, base in family_bases(label, model_type).items():
+            BASES[name] = base
+            MODELS[name] = d
+        names += [f'{label}_stock', f'{label}_plt4']
+    return names
 
 
 class Run:
@@ -107,8 +136,8 @@ class Launcher:
         with open(os.path.join(a.work, 'probes', run.key + '.meta.json'), 'w') as f:
             json.dump(dict(name=run.base, round=run.round, mbs=run.mbs, gbs=a.gbs, max_length=max_len, k=k,
                            idx=run.idx), f)
-        cmd = [a.megatron, 'pt', *model_args, '--max_length', str(max_len), '--model', a.model, '--template',
-               'llama3_2', '--dataset', data, '--packing', 'true', '--micro_batch_size', str(run.mbs),
+        cmd = [a.megatron, 'pt', *model_args, '--max_length', str(max_len), '--model', MODELS.get(run.base, a.model),
+               '--template', a.template, '--dataset', data, '--packing', 'true', '--micro_batch_size', str(run.mbs),
                '--global_batch_size', str(a.gbs), '--train_iters', str(max(a.iters, a.profile_step)), '--lr', '1e-4',
                '--min_lr', '1e-5', '--lr_warmup_iters', '2', '--attention_backend', 'fused', '--bf16', 'true',
                '--seed', '42', '--logging_steps', '1', '--save_steps', '1000000', '--no_save_optim', 'true',
@@ -313,10 +342,14 @@ class Launcher:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--work', required=True)
-    ap.add_argument('--model', required=True)
+    ap.add_argument('--model', default=None, help='the model of the stock/plt1/plt4 runs (Llama)')
+    ap.add_argument('--family', action='append', default=[],
+                    help='LABEL=DIR (repeatable): runs LABEL_stock, LABEL_plt4 (and LABEL_plt1 if named) of that dir '
+                    'through its own model type; --names defaults to them')
+    ap.add_argument('--template', default='llama3_2', help='ms-swift template of every run')
     ap.add_argument('--data-k1', required=True)
     ap.add_argument('--data-k4', required=True)
-    ap.add_argument('--names', default='stock plt1 plt4')
+    ap.add_argument('--names', default=None, help='default: stock plt1 plt4, or the --family runs')
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--rounds-m8', type=int, default=1)
     ap.add_argument('--first-round', type=int, default=1)
@@ -342,6 +375,10 @@ def main(argv=None):
     ap.add_argument('--positions', type=int, default=POSITIONS, help='positions per sequence: max_length = K * this')
     ap.add_argument('--extra-args', default='', help='appended to every command line (later flags win)')
     a = ap.parse_args(argv)
+    family_names = add_families(a.family)
+    a.names = a.names or (' '.join(family_names) if family_names else 'stock plt1 plt4')
+    if a.model is None and any(n not in MODELS for n in a.names.split()):
+        ap.error('--model is required for runs that are not --family runs')
     a.deadline = a.deadline if a.deadline is not None else time.time() + 10**7
     train, start = cpu_split(os.sched_getaffinity(0), a.lookahead)
     a.train_cpus = a.train_cpus or fmt_cpus(train)

@@ -1,31 +1,49 @@
 #!/usr/bin/env python3
-"""PLT parity, one process, one GPU: Megatron PLTGPTModel (built through ms-swift + mcore-bridge, TE layers, HF weights
-loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on plain transformers LlamaForCausalLM.
+"""PLT parity, one process, one GPU: the Megatron PLT model (built through ms-swift + mcore-bridge, TE layers, HF
+weights loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on the family's own HF causal LM
+(AutoModelForCausalLM), for any family of swift_plt/models/families.py.
 
     python3 tests/gpu/parity.py --model DIR [--model DIR2 ...] --data train.jsonl [--json OUT.json]
+    python3 tests/gpu/parity.py --model DIR --random-ids --hf64-device cuda      # no tokenizer/text needed
+    python3 tests/gpu/parity.py --model LLAMA_DIR --model-type llama3_2_plt --data train.jsonl
     python3 tests/gpu/parity.py --model DIR --data train.jsonl --hf-only --hf-device cpu   # reference only (CPU)
 
-For every model dir, on one fixed batch (B=2, S=256 token ids of real text from the jsonl, tokenized with the
-first model dir's tokenizer):
-  1. HF reference FIRST (mcore-bridge's rope code replaces transformers' ROPE_INIT_FUNCTIONS['default'] once it
-     runs), swift_plt.patch_level.reference: the forward in fp32 on the GPU and fp64 on the CPU, the loss in fp64:
+Model type (--model-type, one per --model or one for all; default `auto`): config.json's model_type, which is the
+ms-swift model type of the family (qwen2, qwen3, qwen3_moe, deepseek_v3, llama, ...); `llama3_2_plt` keeps the
+design's Llama type. For every model dir, on one fixed batch (B=2, S=256: token ids of real text from the jsonl,
+tokenized with the first model dir's tokenizer, or with --random-ids uniform ids below the smallest vocab):
+  1. HF reference FIRST (and under swift_plt.compat.transformers.hf_rope_guard: mcore-bridge's rope code replaces
+     transformers' ROPE_INIT_FUNCTIONS['default'] once it runs), swift_plt.patch_level.reference: the forward in fp32
+     (--hf-device) and fp64 (--hf64-device: the same model converted; `none` skips it), the loss in fp64:
        e = embed(input_ids).view(B, P, K, H).mean(2); h = model.model(inputs_embeds=e, position_ids=arange(P))
        logits = lm_head(h); loss = sum_k nll_loss(log_softmax(logits[:, :-1]), labels[:, K:].view(B,P-1,K)[..., k]) / K
      plus the token-level (K=1) causal-LM loss, and a control: the PLT loss with targets shifted by one token (how
-     far a mis-aligned target would move the loss: the margin the parity numbers must beat).
-  2. Megatron: MegatronArguments(model_type=llama3_2_plt, patch_size=K) -> swift.megatron.model.get_mcore_model
+     far a mis-aligned target would move the loss: the margin the parity numbers must beat). MoE experts run HF's
+     eager loop.
+  2. Megatron: MegatronArguments(model_type=TYPE, patch_size=K) -> swift.megatron.model.get_mcore_model
      -> config.bridge.load_weights; forward(input_ids, position_ids, labels) with labels token-aligned and the first
      patch -100 (swift_plt.patch_level.layout.mask_first_patch), loss = sum(losses * (labels != -100)) / count (ms-swift's
      loss_func). bf16 params with --attention_backend fused, fp32 params with unfused (cuDNN fused attention has
-     no fp32).
+     no fp32). A family type must come out as mcore type `gpt_plt` (PLTGPTModel) at K > 1.
      fp32 runs with NVIDIA_TF32_OVERRIDE=0 (no TF32 anywhere); their check also requires the difference to stay
      below the control margin. Every check requires the largest per-token NLL difference to stay below the largest
      change a one-token mis-alignment makes to a token's NLL.
-  3. K=1: PLT model (llama3_2_plt, patch_size=1) vs stock model type `llama` (mcore type gpt): logits and per-token
-     losses must be bit-identical (bf16/fused and fp32/unfused); both also against the HF token-level loss.
-Prints `PARITY ...` lines (run_all.sh copies them to summary.txt); exit code 1 when a check fails or errors.
+     MoE: --moe_grouped_gemm true, router in fp32 (--moe_router_dtype fp32), aux loss coefficient 0 (only the LM
+     loss is compared; in eval mode megatron adds no aux loss anyway). Routing is a top-k: where two experts' scores
+     tie within rounding, a bf16 forward may pick the other one, which moves that token's output by a fraction of
+     one expert. So fp32 is held to the dense tolerances (routes agree up to fp32 rounding) and bf16 to rel 1e-2 on
+     the mean loss and the per-token control bound; each MoE line reports the share of (token, layer) routes whose
+     expert set differs from the HF fp32 reference (`routes differ`): at most 1 % in fp32 (ties), reported in bf16.
+  3. K=1 (at --k1-precisions): the PLT model at patch_size 1 vs the stock model: logits and per-token losses must be
+     bit-identical (deterministic algorithms on; a repeat of the stock forward is the control). Family types:
+     mcore-bridge's `gpt_plt` built with patch_size=1 (what K > 1 selects) vs the family's stock `gpt`;
+     llama3_2_plt: llama3_2_plt --patch_size 1 vs stock `llama`. The stock model is also compared with the HF
+     token-level loss.
+Prints `PARITY ...` lines (run_all.sh and families.sh copy them to their summary); exit code 1 when a check fails or
+errors.
 """
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -33,14 +51,20 @@ import sys
 import traceback
 
 # fp32 means fp32 on both sides: no TF32 in cuBLAS(Lt)/cuDNN, whatever TE or torch would pick (bf16 is unaffected).
-# Must be set before CUDA initializes.
+# Must be set before CUDA initializes. The cuBLAS workspace setting makes cuBLAS deterministic (K=1 identity).
 os.environ.setdefault('NVIDIA_TF32_OVERRIDE', '0')
+os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
 
 import torch  # noqa: E402
 
 IGN = -100
 NVTE_ATTN_VARS = ('NVTE_FLASH_ATTN', 'NVTE_FUSED_ATTN', 'NVTE_UNFUSED_ATTN')
 TOL_REL = {'bf16': 1e-2, 'fp32': 1e-3}  # |megatron - hf fp32| / hf fp32 on the mean loss
+ROUTES_FP32 = 0.01  # fp32 MoE: at most this share of (token, layer) routes may differ from HF fp32 (ties only)
+PLT_TYPE = 'llama3_2_plt'  # swift_plt.PLT_MODEL_TYPE (not imported here: --help must work without the stack)
+STOCK_OF_PLT_TYPE = 'llama'
+GPT_PLT = 'gpt_plt'  # swift_plt.models.families.PLT_GPT_MODEL_TYPE
+MOE_KWARGS = dict(moe_grouped_gemm=True, moe_router_dtype='fp32', moe_aux_loss_coeff=0.0)
 RESULTS = {'checks': []}
 FAILED = []
 
@@ -55,6 +79,15 @@ def record(line, ok=None, **data):
     RESULTS['checks'].append(dict(line=line, ok=ok, **data))
     if ok is False:
         FAILED.append(line)
+
+
+def read_config(model_dir):
+    with open(os.path.join(model_dir, 'config.json')) as f:
+        return json.load(f)
+
+
+def is_moe(cfg):
+    return any(cfg.get(k) for k in ('num_experts', 'n_routed_experts', 'num_local_experts', 'moe_num_experts'))
 
 
 def make_batch(tokenizer_dir, data, B, S):
@@ -73,27 +106,109 @@ def make_batch(tokenizer_dir, data, B, S):
     return torch.tensor(ids[:B * S], dtype=torch.long).view(B, S)
 
 
-# ----------------------------------------------------------------------------------------------------------- HF side
-@torch.no_grad()
-def hf_reference(model_dir, input_ids, K, device, dtype):
-    from transformers import LlamaForCausalLM
+def random_batch(vocab, B, S, seed=0):
+    """Uniform token ids in [0, vocab): every row of the embedding and LM head may be hit (no tokenizer needed)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (B, S), generator=g)
 
+
+# ------------------------------------------------------------------------------------------------------------ routes
+def hf_routers(model):
+    """HF MoE routers whose forward returns (logits, weights, top-k indices) (transformers 5 Qwen3-MoE, DeepSeek-V3)."""
+    return [m for m in model.modules() if type(m).__name__.lower().endswith('router') and hasattr(m, 'top_k')]
+
+
+@contextlib.contextmanager
+def record_routes(model, kind, batch_size=None):
+    """Collect each MoE layer's routing as a bool map [B*T, E] (batch-major) per forward, in layer order.
+    kind 'hf': transformers routers (input [B*T, H]); 'mcore': megatron TopKRouter (routing_map [T*B, E], seq-major)."""
+    maps, hooks = [], []
+    if kind == 'hf':
+
+        def hook(mod, inp, out):
+            idx = out[-1]
+            n = getattr(mod, 'num_experts', None) or mod.weight.shape[0]
+            maps.append(torch.zeros(idx.shape[0], n, dtype=torch.bool, device=idx.device).scatter_(1, idx, True).cpu())
+
+        mods = hf_routers(model)
+    else:
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        def hook(mod, inp, out):
+            rmap = out[1]
+            T = rmap.shape[0] // batch_size
+            maps.append(rmap.view(T, batch_size, -1).transpose(0, 1).reshape(T * batch_size, -1).bool().cpu())
+
+        mods = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    hooks = [m.register_forward_hook(hook) for m in mods]
+    try:
+        yield maps
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def route_diff(a, b):
+    """(share of (token, layer) routes whose expert set differs, share of expert choices that differ) or None."""
+    if not a or not b or len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+        return None
+    rows = sum(x.shape[0] for x in a)
+    differ = sum(int((x != y).any(1).sum()) for x, y in zip(a, b))
+    chosen = sum(int(x.sum()) for x in a)
+    moved = sum(int((x & ~y).sum()) for x, y in zip(a, b))
+    return differ / rows, moved / max(chosen, 1)
+
+
+def routes_ok(d, prec):
+    """fp32: the routes must agree with HF fp32 but for rounding ties; bf16 flips are reported, not counted."""
+    return d is None or prec != 'fp32' or d[0] <= ROUTES_FP32
+
+
+def route_text(d):
+    if d is None:
+        return ''
+    return f' routes differ from HF fp32: {d[0] * 100:.2f}% of (token, layer), {d[1] * 100:.2f}% of expert choices'
+
+
+# ----------------------------------------------------------------------------------------------------------- HF side
+def load_hf(model_dir, dtype):
+    """The family's own HF causal LM (AutoModelForCausalLM), eager attention, MoE experts in HF's eager loop."""
+    from transformers import AutoModelForCausalLM
+
+    from swift_plt.compat.transformers import hf_rope_guard
+    kw = dict(dtype=dtype, attn_implementation='eager')
+    if is_moe(read_config(model_dir)):
+        kw['experts_implementation'] = 'eager'
+    with hf_rope_guard():
+        try:
+            return AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+        except (TypeError, ValueError):
+            if 'experts_implementation' not in kw:  # older transformers: `torch_dtype`, no experts_implementation
+                raise
+            kw.pop('experts_implementation')
+            return AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+
+
+@torch.no_grad()
+def hf_pass(model, input_ids, K, device):
+    """Every reference number of one HF model (its current dtype) on input_ids."""
+    from swift_plt.patch_level.layout import mask_first_patch
+    from swift_plt.patch_level.loss import plt_token_losses
     from swift_plt.patch_level.reference import patch_logits, patchtrain_loss, token_nll
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation='eager')
     model = model.to(device).eval()
     ids = input_ids.to(device)
     labels = ids
     B, S = ids.shape
     out = {}
     # PatchTrain (shaochenze/PatchTrain modeling_llama.py): swift_plt.patch_level.reference
-    logits = patch_logits(model, ids, K)  # [B, P, V]
+    with record_routes(model, 'hf') as routes:
+        logits = patch_logits(model, ids, K)  # [B, P, V]
+    out['plt_routes'] = list(routes)
     out['plt_loss'] = float(patchtrain_loss(logits, labels, K))
     plt_tok = token_nll(logits, labels, K)  # [B, S] token-aligned, first patch 0
     out['plt_tok'] = plt_tok.cpu()
     out['plt_logits'] = logits.double().cpu()
     # the plugin's loss math (swift_plt.patch_level, torch only) on these HF logits, labels prepared as the plugin does
-    from swift_plt.patch_level.layout import mask_first_patch
-    from swift_plt.patch_level.loss import plt_token_losses
     tok_pos = torch.arange(S, device=device).unsqueeze(0).expand(B, S)
     plt_labels = mask_first_patch(labels, tok_pos, K)
     plugin_losses = plt_token_losses(logits.transpose(0, 1).contiguous(), plt_labels, K)
@@ -104,15 +219,28 @@ def hf_reference(model_dir, input_ids, K, device, dtype):
     # per-token control: how much each token's NLL moves under that mis-alignment
     out['tok_control'] = float((plt_tok - token_nll(logits, bad, K)).abs().max())
     # token-level causal LM: the stock HF forward, scored as PatchTrain at K=1
-    tl = model(input_ids=ids, use_cache=False).logits  # [B, S, V]
+    with record_routes(model, 'hf') as routes:
+        tl = model(input_ids=ids, use_cache=False).logits  # [B, S, V]
+    out['tok_routes'] = list(routes)
     out['tok_loss'] = float(patchtrain_loss(tl, ids, 1))
     out['tok_tok'] = token_nll(tl, ids, 1).roll(-1, dims=1).cpu()  # at position t: its NLL of token t+1 (rolled)
     out['tok_logits'] = tl.double().cpu()
+    return out
+
+
+def hf_references(model_dir, input_ids, K, device, device64):
+    """(fp32 numbers on `device`, fp64 numbers on `device64` or None): one load, the fp64 pass on the same weights."""
+    model = load_hf(model_dir, torch.float32)
+    ref32 = hf_pass(model, input_ids, K, device)
+    ref64 = None
+    if device64 and device64 != 'none':
+        model = model.to(device64, torch.float64)
+        ref64 = hf_pass(model, input_ids, K, device64)
     del model
     gc.collect()
-    if device != 'cpu':
+    if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return out
+    return ref32, ref64
 
 
 # ----------------------------------------------------------------------------------------------------- Megatron side
@@ -136,9 +264,11 @@ def megatron_init(port, backend='nccl'):
 MG_KWARGS = {}  # --mg-kwargs: extra MegatronArguments fields (e.g. for the CPU test harness)
 
 
-def build_megatron(model_dir, model_type, patch_size, dtype, attn):
+def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=False):
     """What `megatron pt` does to get its model (MegatronArguments.__post_init__ -> initialize_megatron, then
-    BaseMegatronTrainer.prepare_model: get_mcore_model(args, template.config) + bridge.load_weights)."""
+    BaseMegatronTrainer.prepare_model: get_mcore_model(args, template.config) + bridge.load_weights).
+    plt_meta: build through mcore-bridge's `gpt_plt` meta (PLTGPTModel, PLTModelConfig) whatever K is (the K=1 check
+    of a family; at K > 1 the plugin selects it itself)."""
     from swift.megatron.arguments import MegatronArguments
     from swift.megatron.model import get_mcore_model
     from swift.model import get_processor
@@ -161,10 +291,15 @@ def build_megatron(model_dir, model_type, patch_size, dtype, attn):
         no_save_rng=True,
         no_load_optim=True,
         no_load_rng=True)
+    if is_moe(read_config(model_dir)):
+        kw.update(MOE_KWARGS)
     kw.update(MG_KWARGS)
     if patch_size is not None:
         kw['patch_size'] = patch_size
     args = MegatronArguments(**kw)
+    if plt_meta:
+        from swift_plt.plugin.register import plt_gpt_model_meta
+        args.megatron_model_meta = plt_gpt_model_meta()
     hf_config = get_processor(model_dir, model_type=model_type).model_info.config
     model = get_mcore_model(args, hf_config)[0]
     model.config.bridge.load_weights([model], model_dir)
@@ -175,7 +310,7 @@ def build_megatron(model_dir, model_type, patch_size, dtype, attn):
     cfg = model.config
     say(f'[parity] built {type(model).__name__} model_type={model_type} mcore_type={cfg.mcore_model_type} '
         f'patch_size={getattr(cfg, "patch_size", "-")} params={p.dtype} attn={cfg.attention_backend.name} '
-        f'tied={not cfg.untie_embeddings_and_output_weights}')
+        f'tied={not cfg.untie_embeddings_and_output_weights} experts={cfg.num_moe_experts}')
     return args, model
 
 
@@ -210,20 +345,32 @@ def free(*models):
     torch.cuda.empty_cache()
 
 
-def run_megatron(tag, model_dir, ids_cpu, K, ref32, ref64, prec):
+def fmt(x, spec='.8f'):
+    return 'n/a' if x is None else format(x, spec)
+
+
+def run_megatron(tag, model_dir, model_type, ids_cpu, K, ref32, ref64, prec, k1=True):
+    """K > 1 against the HF reference; with k1 also the K=1 identity and stock vs HF token-level."""
     from swift_plt.patch_level.layout import mask_first_patch
     dtype, attn = (torch.bfloat16, 'fused') if prec == 'bf16' else (torch.float32, 'unfused')
+    family = model_type != PLT_TYPE
     ids = ids_cpu.cuda()
     B, S = ids.shape
     pos = torch.arange(S, device='cuda').unsqueeze(0).expand(B, S)
+    r64_plt = ref64['plt_loss'] if ref64 else None
+    r64_tok = ref64['tok_loss'] if ref64 else None
 
     # --- K > 1: PLT vs PatchTrain
     try:
-        _, m = build_megatron(model_dir, 'llama3_2_plt', K, dtype, attn)
+        args, m = build_megatron(model_dir, model_type, K, dtype, attn)
+        meta_type = args.megatron_model_meta.model_type
+        meta_ok = not family or (meta_type == GPT_PLT and type(m).__name__ == 'PLTGPTModel')
         labels = mask_first_patch(ids, pos, K)
-        losses = mg_forward(m, ids, labels)  # [B, S] token-aligned
+        with record_routes(m, 'mcore', B) as routes:
+            losses = mg_forward(m, ids, labels)  # [B, S] token-aligned
         loss = swift_loss(losses, labels)
         logits = mg_forward(m, ids)  # [B, P, V]
+        rd = route_diff(list(routes), ref32['plt_routes'])
         valid = labels != IGN
         tok_d = max_diff(losses, ref32['plt_tok'], valid)
         log_d = max_diff(logits, ref32['plt_logits'])
@@ -232,120 +379,173 @@ def run_megatron(tag, model_dir, ids_cpu, K, ref32, ref64, prec):
         beats = abs(loss - ref32['plt_loss']) < margin
         # fp32 must also beat the mis-alignment margin; every precision must keep each token's NLL closer to the
         # reference than a one-token mis-alignment moves it
-        ok = r < TOL_REL[prec] and (prec != 'fp32' or beats) and tok_d < ref32['tok_control']
+        ok = (meta_ok and r < TOL_REL[prec] and (prec != 'fp32' or beats) and tok_d < ref32['tok_control']
+              and routes_ok(rd, prec))
         record(
-            f'[{tag}] K={K} {prec}/{attn}: megatron={loss:.8f} hf_fp32={ref32["plt_loss"]:.8f} '
-            f'hf_fp64={ref64["plt_loss"]:.8f} abs={abs(loss - ref32["plt_loss"]):.3e} rel={r:.3e} '
-            f'(tol {TOL_REL[prec]:g}) rel_vs_fp64={rel(loss, ref64["plt_loss"]):.3e} '
+            f'[{tag}] K={K} {prec}/{attn}: {model_type} -> mcore {meta_type} ({type(m).__name__}): '
+            f'megatron={loss:.8f} hf_fp32={ref32["plt_loss"]:.8f} '
+            f'hf_fp64={fmt(r64_plt)} abs={abs(loss - ref32["plt_loss"]):.3e} rel={r:.3e} '
+            f'(tol {TOL_REL[prec]:g}) rel_vs_fp64={fmt(r64_plt and rel(loss, r64_plt), ".3e")} '
             f'per-token max|d|={tok_d:.3e} logits max|d|={log_d:.3e} '
             f'control |loss(targets shifted 1 token)-loss|={margin:.3e} (diff below it: {beats}), '
-            f'per-token {ref32["tok_control"]:.3e}',
+            f'per-token {ref32["tok_control"]:.3e}{route_text(rd)}' + ('' if meta_ok else ' [not built as gpt_plt]'),
             ok,
             model=tag,
             prec=prec,
+            model_type=model_type,
+            mcore_type=meta_type,
             megatron=loss,
             hf_fp32=ref32['plt_loss'],
-            hf_fp64=ref64['plt_loss'],
+            hf_fp64=r64_plt,
             rel=r,
             per_token_max_abs=tok_d,
             logits_max_abs=log_d,
-            control_margin=margin)
+            control_margin=margin,
+            routes_differ=rd and rd[0],
+            expert_choices_differ=rd and rd[1])
         free(m)
     except Exception as e:
         traceback.print_exc()
         record(f'[{tag}] K={K} {prec}/{attn}: ERROR {e!r}', False, model=tag, prec=prec)
 
-    # --- K = 1: PLT model at patch_size 1 vs stock llama (gpt) model, both vs HF token-level
+    # --- K = 1: PLT model at patch_size 1 vs the stock model, the stock one vs HF token-level
+    if not k1:
+        return
     try:
         rolled = torch.roll(ids, -1, dims=1)
         rolled[:, -1] = IGN  # ms-swift's causal-LM label roll (position t predicts token t+1)
-        outs = {}
-        for name, mt, ps in (('plt_k1', 'llama3_2_plt', 1), ('gpt', 'llama', None)):
-            _, m = build_megatron(model_dir, mt, ps, dtype, attn)
-            outs[name] = (mg_forward(m, ids).clone(), mg_forward(m, ids, rolled).clone())
+        if family:
+            builds = (('plt_k1', model_type, 1, True), ('gpt', model_type, None, False))
+        else:
+            builds = (('plt_k1', PLT_TYPE, 1, False), ('gpt', STOCK_OF_PLT_TYPE, None, False))
+        outs, types = {}, {}
+        for name, mt, ps, plt_meta in builds:
+            _, m = build_megatron(model_dir, mt, ps, dtype, attn, plt_meta=plt_meta)
+            types[name] = f'{mt}/{m.config.mcore_model_type}/patch_size={getattr(m.config, "patch_size", "-")}'
+            with record_routes(m, 'mcore', B) as routes:
+                lg = mg_forward(m, ids).clone()
+            outs[name] = (lg, mg_forward(m, ids, rolled).clone(), list(routes))
+            if name == 'gpt':  # control: the same forward again
+                outs['gpt_repeat'] = (mg_forward(m, ids).clone(), mg_forward(m, ids, rolled).clone(), None)
             free(m)
-        (l1, t1), (lg, tg) = outs['plt_k1'], outs['gpt']
+        lg, tg, g_routes = outs['gpt']
+        lossg = swift_loss(tg, rolled)
+        l1, t1, _ = outs['plt_k1']
         same_logits = torch.equal(l1, lg)
         same_losses = torch.equal(t1, tg)
-        loss1, lossg = swift_loss(t1, rolled), swift_loss(tg, rolled)
+        control = torch.equal(outs['gpt_repeat'][0], lg) and torch.equal(outs['gpt_repeat'][1], tg)
+        loss1 = swift_loss(t1, rolled)
         record(
-            f'[{tag}] K=1 {prec}/{attn}: PLT(patch_size=1) vs stock gpt: logits bit-identical={same_logits} '
-            f'(max|d|={max_diff(l1, lg):.3e}) per-token losses bit-identical={same_losses} '
-            f'loss plt={loss1!r} gpt={lossg!r}',
-            same_logits and same_losses,
+            f'[{tag}] K=1 {prec}/{attn}: PLT ({types["plt_k1"]}) vs stock ({types["gpt"]}): logits '
+            f'bit-identical={same_logits} (max|d|={max_diff(l1, lg):.3e}) per-token losses bit-identical='
+            f'{same_losses} loss plt={loss1!r} gpt={lossg!r}; control: stock forward repeated bit-identical={control}',
+            same_logits and same_losses and control,
             model=tag,
             prec=prec,
             logits_identical=same_logits,
             losses_identical=same_losses,
+            control_identical=control,
             loss_plt=loss1,
             loss_gpt=lossg)
         r = rel(lossg, ref32['tok_loss'])
+        rd = route_diff(g_routes, ref32['tok_routes'])
         record(
             f'[{tag}] K=1 {prec}/{attn}: stock gpt vs HF token-level: megatron={lossg:.8f} '
-            f'hf_fp32={ref32["tok_loss"]:.8f} hf_fp64={ref64["tok_loss"]:.8f} rel={r:.3e} '
+            f'hf_fp32={ref32["tok_loss"]:.8f} hf_fp64={fmt(r64_tok)} rel={r:.3e} (tol {TOL_REL[prec]:g}) '
             f'per-token max|d|={max_diff(tg, ref32["tok_tok"], rolled != IGN):.3e} '
-            f'logits max|d|={max_diff(lg, ref32["tok_logits"]):.3e}',
-            r < TOL_REL[prec],
+            f'logits max|d|={max_diff(lg, ref32["tok_logits"]):.3e}{route_text(rd)}',
+            r < TOL_REL[prec] and routes_ok(rd, prec),
             model=tag,
             prec=prec,
             megatron=lossg,
             hf_fp32=ref32['tok_loss'],
-            rel=r)
+            rel=r,
+            routes_differ=rd and rd[0])
     except Exception as e:
         traceback.print_exc()
         record(f'[{tag}] K=1 {prec}/{attn}: ERROR {e!r}', False, model=tag, prec=prec)
 
 
+def plist(s):
+    return [p.strip() for p in (s or '').split(',') if p.strip()]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--model', action='append', required=True, help='HF Llama dir (repeatable); tag=basename')
+    ap.add_argument('--model', action='append', required=True, help='HF model dir (repeatable); tag=basename')
+    ap.add_argument('--model-type', action='append', default=None,
+                    help='ms-swift model type per --model (or one for all); auto (default) = config.json model_type; '
+                    f'{PLT_TYPE} for a Llama dir through the design\'s type')
     ap.add_argument('--tag', action='append', default=None, help='label per --model (default: basename)')
-    ap.add_argument('--data', required=True, help='jsonl ({"messages": [...]} rows)')
+    ap.add_argument('--data', default=None, help='jsonl ({"messages": [...]} rows); not with --random-ids')
+    ap.add_argument('--random-ids', action='store_true', help='uniform random token ids below the smallest vocab')
+    ap.add_argument('--seed', type=int, default=0, help='of --random-ids')
     ap.add_argument('--patch-size', type=int, default=4)
     ap.add_argument('--B', type=int, default=2)
     ap.add_argument('--S', type=int, default=256)
     ap.add_argument('--port', type=int, default=29731)
     ap.add_argument('--precisions', default='bf16,fp32')
+    ap.add_argument('--k1-precisions', default=None,
+                    help='precisions of the K=1 lines, bit-identity and stock vs HF token-level (default: '
+                    '--precisions; each costs two more model builds)')
     ap.add_argument('--hf-only', action='store_true', help='reference numbers only (no Megatron; CPU is fine)')
     ap.add_argument('--hf-device', default=None, help='device of the fp32 reference (default cuda if available)')
+    ap.add_argument('--hf64-device', default='cpu', help='device of the fp64 reference (cpu, cuda, or none)')
     ap.add_argument('--json', default=None)
     ap.add_argument('--backend', default='nccl', help='torch.distributed backend of the 1-rank group')
     ap.add_argument('--mg-kwargs', default=None, help='JSON dict of extra MegatronArguments fields')
     a = ap.parse_args()
+    if not a.random_ids and not a.data:
+        ap.error('--data or --random-ids is required')
     if a.mg_kwargs:
         MG_KWARGS.update(json.loads(a.mg_kwargs))
     K = a.patch_size
     tags = a.tag or [os.path.basename(os.path.normpath(m)) for m in a.model]
+    mtypes = a.model_type or ['auto']
+    if len(mtypes) == 1:
+        mtypes = mtypes * len(a.model)
+    if len(mtypes) != len(a.model) or len(tags) != len(a.model):
+        ap.error('--model-type and --tag: one per --model (or one --model-type for all)')
+    mtypes = [read_config(d)['model_type'] if t == 'auto' else t for t, d in zip(mtypes, a.model)]
     hf_dev = a.hf_device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    # exact fp32 everywhere on the reference side
+    precisions = plist(a.precisions)
+    k1_precisions = plist(a.k1_precisions) if a.k1_precisions is not None else precisions
+    # exact fp32 everywhere on the reference side; deterministic kernels (MoE unpermute: index_add, not scatter_add)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision('highest')
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
-    ids = make_batch(a.model[0], a.data, a.B, a.S)
-    say(f'[parity] batch {tuple(ids.shape)}, K={K}, P={a.S // K}, first ids {ids[0, :8].tolist()}')
-    RESULTS.update(K=K, B=a.B, S=a.S, models=dict(zip(tags, a.model)))
+    if a.random_ids:
+        vocab = min(read_config(d)['vocab_size'] for d in a.model)
+        ids = random_batch(vocab, a.B, a.S, a.seed)
+    else:
+        ids = make_batch(a.model[0], a.data, a.B, a.S)
+    say(f'[parity] batch {tuple(ids.shape)}, K={K}, P={a.S // K}, first ids {ids[0, :8].tolist()}; model types '
+        f'{dict(zip(tags, mtypes))}')
+    RESULTS.update(K=K, B=a.B, S=a.S, models=dict(zip(tags, a.model)), model_types=dict(zip(tags, mtypes)))
 
     # 1. every HF reference before anything of mcore-bridge runs
     refs = {}
     for tag, mdir in zip(tags, a.model):
         try:
-            refs[tag] = (hf_reference(mdir, ids, K, hf_dev, torch.float32), hf_reference(mdir, ids, K, 'cpu',
-                                                                                       torch.float64))
-            r32, r64 = refs[tag]
-            pr = rel(r64['plugin_on_hf_logits'], r64['plt_loss'])
-            record(f'[{tag}] HF reference: PatchTrain K={K} loss fp32={r32["plt_loss"]:.8f} '
-                   f'fp64={r64["plt_loss"]:.8f} (fp32 rel err {rel(r32["plt_loss"], r64["plt_loss"]):.1e}); '
-                   f'swift_plt.patch_level loss on the fp64 HF logits={r64["plugin_on_hf_logits"]:.8f} (rel {pr:.1e}); '
+            r32, r64 = refs[tag] = hf_references(mdir, ids, K, hf_dev, a.hf64_device)
+            rp = r64 or r32
+            pr = rel(rp['plugin_on_hf_logits'], rp['plt_loss'])
+            moe = f'; {len(r32["plt_routes"])} MoE layers' if r32['plt_routes'] else ''
+            record(f'[{tag}] HF reference ({read_config(mdir).get("architectures", ["?"])[0]}): PatchTrain K={K} loss '
+                   f'fp32={r32["plt_loss"]:.8f} fp64={fmt(r64 and r64["plt_loss"])} (fp32 rel err '
+                   f'{fmt(r64 and rel(r32["plt_loss"], r64["plt_loss"]), ".1e")}); swift_plt.patch_level loss on the '
+                   f'{"fp64" if r64 else "fp32"} HF logits={rp["plugin_on_hf_logits"]:.8f} (rel {pr:.1e}); '
                    f'token-level loss fp32={r32["tok_loss"]:.8f}; control: K={K} loss with targets shifted by '
-                   f'one token {r32["plt_loss_shift1"]:.8f}',
+                   f'one token {r32["plt_loss_shift1"]:.8f}{moe}',
                    model=tag,
                    plt_fp32=r32['plt_loss'],
-                   plt_fp64=r64['plt_loss'],
+                   plt_fp64=r64 and r64['plt_loss'],
                    tok_fp32=r32['tok_loss'],
                    shift1=r32['plt_loss_shift1'],
-                   plugin_on_hf_logits_fp64=r64['plugin_on_hf_logits'])
-            if pr > 1e-6:
+                   plugin_on_hf_logits=rp['plugin_on_hf_logits'])
+            if pr > (1e-6 if r64 else 1e-5):  # fp32 logits over a 150k vocab: the sums round at ~1e-7 rel
                 record(f'[{tag}] swift_plt.patch_level loss on HF logits differs from PatchTrain (rel {pr:.1e})', False)
         except Exception as e:
             traceback.print_exc()
@@ -355,10 +555,10 @@ def main():
     if not a.hf_only:
         try:
             megatron_init(a.port, a.backend)
-            for prec in [p.strip() for p in a.precisions.split(',') if p.strip()]:
-                for tag, mdir in zip(tags, a.model):
+            for prec in precisions:
+                for tag, mdir, mt in zip(tags, a.model, mtypes):
                     if tag in refs:
-                        run_megatron(tag, mdir, ids, K, refs[tag][0], refs[tag][1], prec)
+                        run_megatron(tag, mdir, mt, ids, K, refs[tag][0], refs[tag][1], prec, prec in k1_precisions)
         except Exception as e:
             traceback.print_exc()
             record(f'Megatron setup: ERROR {e!r}', False)

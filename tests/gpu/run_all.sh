@@ -13,8 +13,8 @@
 #        (SWIFT_PLT_DISABLE=1, i.e. upstream ms-swift): printed loss and grad_norm strings identical at every step;
 #        a repeat of the stock run is the control (when upstream itself is not run-to-run identical on this machine
 #        the comparison says so and is not counted; k1_identity.sh has deterministic-mode controls)
-#     d. parity.py: the Megatron PLT model vs PatchTrain's formula on HF LlamaForCausalLM, K=1 vs stock GPT
-#        (random init and after a.'s 60 steps)
+#     d. parity.py: the Megatron PLT model (llama3_2_plt) vs PatchTrain's formula on HF LlamaForCausalLM, K=1 vs
+#        stock GPT (random init and after a.'s 60 steps); the other families: families.sh
 #     e. benchmarks/loss/plt_loss_bench.py (time and memory of the PLT loss vs megatron's cross entropy)
 #     f. (a benchmark: only with RUN_TPS=1 and >= TPS_MIN_LEFT s left) benchmarks/throughput/tokens_per_s.sh
 #        (1B-shaped model, K=4 vs K=1)
@@ -126,7 +126,7 @@ else
 fi
 
 # ------------------------------------------------------------ 2. parity.py (1 GPU) beside TP=2 / PP=2 (2 GPUs)
-PARITY_MODELS=(--model "$TINY/model" --tag tiny-random-init)
+PARITY_MODELS=(--model-type llama3_2_plt --model "$TINY/model" --tag tiny-random-init)
 TRAINED=$(ls -d "$R"/a_main/*/checkpoint-60 2>/dev/null | head -1)
 if [ -n "$TRAINED" ] && [ -f "$TRAINED/config.json" ] && ls "$TRAINED"/*.safetensors >/dev/null 2>&1; then
   PARITY_MODELS+=(--model "$TRAINED" --tag tiny-after-60-PLT-steps)

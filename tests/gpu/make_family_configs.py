@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Random-init HF model dirs with the published config.json of four families (layers / experts cut to fit one 80 GB
+GPU), for parity.py and the family throughput benchmark. Nothing is downloaded; the tokenizer is the tiny BPE one.
+
+    python3 tests/gpu/make_family_configs.py --out DIR [--only NAME,...] [--device cuda] [--estimate] [--tiny]
+
+Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for NAME in
+qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut, deepseek-v3-cut, and prints parameters and bytes per model.
+config.json is the published one with only the cut fields changed (so mcore-bridge and transformers read what a hub
+download gives them). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm weights and DeepSeek's
+e_score_correction_bias made random too (1 + N(0, 0.1) for norms), so a mis-mapped bias or norm changes the logits.
+--tiny: the same structures at toy widths (CPU tests). --estimate: print the sizes only (meta device, no weights).
+"""
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+# Published config.json of each model (the fields transformers and mcore-bridge read; quantization_config dropped).
+QWEN25_15B = {
+    'architectures': ['Qwen2ForCausalLM'], 'attention_dropout': 0.0, 'bos_token_id': 151643, 'eos_token_id': 151643,
+    'hidden_act': 'silu', 'hidden_size': 1536, 'initializer_range': 0.02, 'intermediate_size': 8960,
+    'max_position_embeddings': 131072, 'max_window_layers': 28, 'model_type': 'qwen2', 'num_attention_heads': 12,
+    'num_hidden_layers': 28, 'num_key_value_heads': 2, 'rms_norm_eps': 1e-06, 'rope_theta': 1000000.0,
+    'sliding_window': 131072, 'tie_word_embeddings': True, 'torch_dtype': 'bfloat16', 'use_cache': True,
+    'use_sliding_window': False, 'vocab_size': 151936,
+}  # yapf: disable
+QWEN3_17B = {
+    'architectures': ['Qwen3ForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0, 'bos_token_id': 151643,
+    'eos_token_id': 151645, 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 2048, 'initializer_range': 0.02,
+    'intermediate_size': 6144, 'max_position_embeddings': 40960, 'max_window_layers': 28, 'model_type': 'qwen3',
+    'num_attention_heads': 16, 'num_hidden_layers': 28, 'num_key_value_heads': 8, 'rms_norm_eps': 1e-06,
+    'rope_scaling': None, 'rope_theta': 1000000, 'sliding_window': None, 'tie_word_embeddings': True,
+    'torch_dtype': 'bfloat16', 'use_cache': True, 'use_sliding_window': False, 'vocab_size': 151936,
+}  # yapf: disable
+QWEN3_30B_A3B = {
+    'architectures': ['Qwen3MoeForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'bos_token_id': 151643, 'decoder_sparse_step': 1, 'eos_token_id': 151645, 'head_dim': 128, 'hidden_act': 'silu',
+    'hidden_size': 2048, 'initializer_range': 0.02, 'intermediate_size': 6144, 'max_position_embeddings': 40960,
+    'max_window_layers': 48, 'mlp_only_layers': [], 'model_type': 'qwen3_moe', 'moe_intermediate_size': 768,
+    'norm_topk_prob': True, 'num_attention_heads': 32, 'num_experts': 128, 'num_experts_per_tok': 8,
+    'num_hidden_layers': 48, 'num_key_value_heads': 4, 'output_router_logits': False, 'rms_norm_eps': 1e-06,
+    'rope_scaling': None, 'rope_theta': 1000000.0, 'router_aux_loss_coef': 0.001, 'sliding_window': None,
+    'tie_word_embeddings': False, 'torch_dtype': 'bfloat16', 'use_cache': True, 'use_sliding_window': False,
+    'vocab_size': 151936,
+}  # yapf: disable
+DEEPSEEK_V3 = {
+    'architectures': ['DeepseekV3ForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0, 'bos_token_id': 0,
+    'eos_token_id': 1, 'ep_size': 1, 'first_k_dense_replace': 3, 'hidden_act': 'silu', 'hidden_size': 7168,
+    'initializer_range': 0.02, 'intermediate_size': 18432, 'kv_lora_rank': 512, 'max_position_embeddings': 163840,
+    'model_type': 'deepseek_v3', 'moe_intermediate_size': 2048, 'moe_layer_freq': 1, 'n_group': 8,
+    'n_routed_experts': 256, 'n_shared_experts': 1, 'norm_topk_prob': True, 'num_attention_heads': 128,
+    'num_experts_per_tok': 8, 'num_hidden_layers': 61, 'num_key_value_heads': 128, 'num_nextn_predict_layers': 1,
+    'q_lora_rank': 1536, 'qk_nope_head_dim': 128, 'qk_rope_head_dim': 64,
+    'rope_scaling': {'beta_fast': 32, 'beta_slow': 1, 'factor': 40, 'mscale': 1.0, 'mscale_all_dim': 1.0,
+                     'original_max_position_embeddings': 4096, 'type': 'yarn'},
+    'rms_norm_eps': 1e-06, 'rope_theta': 10000, 'routed_scaling_factor': 2.5, 'scoring_func': 'sigmoid',
+    'tie_word_embeddings': False, 'topk_group': 4, 'topk_method': 'noaux_tc', 'torch_dtype': 'bfloat16',
+    'use_cache': True, 'v_head_dim': 128, 'vocab_size': 129280,
+}  # yapf: disable
+
+TINY_IDS = dict(bos_token_id=1, eos_token_id=2)  # the tiny tokenizer's <s> and </s>
+
+# name -> (published config, cut: the fields changed to fit one 80 GB GPU, toy widths for --tiny)
+FAMILIES = {
+    'qwen2.5-1.5b': (QWEN25_15B, {}, dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=512, sliding_window=512, max_window_layers=2, **TINY_IDS)),
+    'qwen3-1.7b': (QWEN3_17B, {}, dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=512, max_window_layers=2, **TINY_IDS)),
+    # 4 of 48 layers, all 128 experts (top-8): 3.1 B parameters
+    'qwen3-30b-a3b-cut': (QWEN3_30B_A3B, dict(num_hidden_layers=4, max_window_layers=4), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2, vocab_size=512,
+        max_window_layers=2, **TINY_IDS)),
+    # 3 of 61 layers (1 dense, first_k_dense_replace=1, then 2 MoE), 16 of 256 routed experts, top-8 within 3 of 4
+    # groups (4 experts a group: group-limited routing still chooses); no MTP layer saved: 4.3 B parameters.
+    # Keep num_experts_per_tok // topk_group == 2: megatron scores a group by its top (topk // topk_group) experts,
+    # transformers by its top 2 (they agree on the published 8 // 4).
+    'deepseek-v3-cut': (DEEPSEEK_V3, dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=16,
+                                          n_group=4, topk_group=3, num_nextn_predict_layers=0), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4,
+        vocab_size=512, **TINY_IDS)),
+}  # yapf: disable
+NAMES = list(FAMILIES)
+TRAIN_BYTES_PER_PARAM = 18  # megatron bf16 + Adam: bf16 param 2, fp32 grad 4, fp32 master 4, Adam m and v 8
+
+
+def family_config(name, tiny=False):
+    """The config.json dict of NAME: published, with the cut (and with --tiny the toy widths) applied."""
+    real, cut, toy = FAMILIES[name]
+    cfg = copy.deepcopy(real)
+    cfg.update(cut)
+    if tiny:
+        cfg.update(toy)
+    if cfg.get('n_group') and cfg['num_experts_per_tok'] // cfg['topk_group'] != 2:
+        raise ValueError(f'{name}: num_experts_per_tok // topk_group must be 2 (megatron and HF group scores agree)')
+    return cfg
+
+
+def hf_config(cfg):
+    from transformers import AutoConfig
+    kw = {k: copy.deepcopy(v) for k, v in cfg.items() if k != 'model_type'}  # transformers edits rope_scaling
+    return AutoConfig.for_model(cfg['model_type'], **kw)
+
+
+def count_params(cfg):
+    """(parameters, of which embedding + LM head) of NAME's config, built on the meta device (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from swift_plt.compat.transformers import hf_rope_guard
+    with hf_rope_guard(), torch.device('meta'):
+        model = AutoModelForCausalLM.from_config(hf_config(cfg))
+    n = sum(p.numel() for p in model.parameters())  # a tied LM head is the embedding: counted once
+    emb = cfg['vocab_size'] * cfg['hidden_size'] * (1 if cfg.get('tie_word_embeddings') else 2)
+    return n, emb
+
+
+def sizes(cfg):
+    n, emb = count_params(cfg)
+    gb = 1e9
+    return dict(params=n, embedding_and_head=emb, bf16_gb=2 * n / gb, fp32_gb=4 * n / gb, fp64_gb=8 * n / gb,
+                train_bf16_adam_gb=TRAIN_BYTES_PER_PARAM * n / gb)
+
+
+def size_line(name, s):
+    return (f'{name}: {s["params"] / 1e9:.4g} B params ({s["embedding_and_head"] / 1e9:.4g} B embedding + head); '
+            f'bf16 {s["bf16_gb"]:.3g} GB on disk, fp32 {s["fp32_gb"]:.3g} GB (HF reference / Megatron fp32), '
+            f'fp64 {s["fp64_gb"]:.3g} GB, training bf16+Adam ~{s["train_bf16_adam_gb"]:.3g} GB + activations')
+
+
+def make_tokenizer(out_dir):
+    """The tiny BPE tokenizer (swift_plt.tools.tiny; ids < 512 < every vocab here) in out_dir."""
+    from swift_plt.tools.tiny import make_tiny_llama
+    with tempfile.TemporaryDirectory() as tmp:
+        make_tiny_llama(tmp, max_position_embeddings=32768)
+        os.makedirs(out_dir, exist_ok=True)
+        for f in os.listdir(tmp):
+            if f.startswith(('tokenizer', 'special_tokens')):
+                shutil.copy(os.path.join(tmp, f), out_dir)
+    return out_dir
+
+
+def randomize(model, seed):
+    """Biases N(0, 0.02), RMSNorm weights 1 + N(0, 0.1), e_score_correction_bias N(0, 0.01): HF leaves them 0 / 1,
+    which would hide a bias or norm the bridge drops or swaps."""
+    import torch
+    g = torch.Generator(device='cpu').manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if 'rotary' in name or 'inv_freq' in name:
+                continue
+            if name.endswith('e_score_correction_bias'):  # fp32 in the published checkpoint
+                std, base = 0.01, 0.0
+                owner = model.get_submodule(name.rpartition('.')[0])
+                owner.e_score_correction_bias = t = t.float()
+            elif name.endswith('.bias'):
+                std, base = 0.02, 0.0
+            elif t.dim() == 1 and 'norm' in name:
+                std, base = 0.1, 1.0
+            else:
+                continue
+            t.copy_((base + std * torch.randn(t.shape, generator=g)).to(t.dtype))
+
+
+def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0):
+    """Write NAME's random-init model dir; return its config dict."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from swift_plt.compat.transformers import hf_rope_guard
+    cfg = family_config(name, tiny)
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(seed)
+    with hf_rope_guard(), torch.device(device):
+        try:
+            model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.bfloat16)
+        except TypeError:  # transformers 4.x
+            model = AutoModelForCausalLM.from_config(hf_config(cfg), torch_dtype=torch.bfloat16)
+    randomize(model, seed)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    del model
+    with open(os.path.join(out_dir, 'config.json'), 'w') as f:  # the published format, not transformers' re-dump
+        json.dump(cfg, f, indent=2)
+    for f in os.listdir(tok_dir):
+        if f.startswith(('tokenizer', 'special_tokens')):
+            shutil.copy(os.path.join(tok_dir, f), out_dir)
+    return cfg
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--out', help='parent dir: one sub-dir per model')
+    ap.add_argument('--only', default=','.join(NAMES), help=f'comma list of {", ".join(NAMES)}')
+    ap.add_argument('--device', default=None, help='where the weights are initialised (default cuda if available)')
+    ap.add_argument('--tiny', action='store_true', help='toy widths, same structure (CPU tests)')
+    ap.add_argument('--estimate', action='store_true', help='print the sizes only')
+    ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--json', default=None, help='write {name: {dir, sizes}} here')
+    a = ap.parse_args(argv)
+    names = [n.strip() for n in a.only.split(',') if n.strip()]
+    bad = [n for n in names if n not in FAMILIES]
+    if bad:
+        ap.error(f'unknown {bad}; known: {NAMES}')
+    if not a.estimate and not a.out:
+        ap.error('--out is required (or --estimate)')
+    import torch
+    device = a.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    report = {}
+    tok_dir = None
+    if not a.estimate:
+        tok_dir = make_tokenizer(os.path.join(a.out, '_tokenizer'))
+    for name in names:
+        s = sizes(family_config(name, a.tiny))
+        report[name] = dict(sizes=s)
+        print(size_line(name, s), flush=True)
+        if a.estimate:
+            continue
+        t = time.time()
+        d = os.path.join(a.out, name)
+        cfg = write_model(name, d, tok_dir, device, a.tiny, a.seed)
+        report[name].update(dir=d, model_type=cfg['model_type'])
+        print(f'model: {name} ({cfg["model_type"]}) -> {d} in {time.time() - t:.1f} s', flush=True)
+        if device.startswith('cuda'):
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, 'w') as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
