@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The two-stage PLT recipe as a shell command you can edit (same as examples/two_stage.yaml). From the repo root:
 #     bash examples/two_stage.sh /path/to/llama-hf-dir train.jsonl runs/plt     # add --dry_run to only print the plan
+# Another family (config.json model_type picks --model_type): pass its template, e.g. --template qwen3 at the end.
 # Rerunning the same command resumes: finished stages are skipped, an interrupted one continues from its last
-# checkpoint. The result is a plain HF Llama in runs/plt/hf. GPUs: every visible one unless NPROC_PER_NODE is set.
+# checkpoint. The result is the family's plain HF model in runs/plt/hf. GPUs: every visible one unless NPROC_PER_NODE
+# is set.
 set -euo pipefail
 MODEL=$1 DATA=$2 OUT=${3:-runs/plt_two_stage}; shift $(( $# < 3 ? $# : 3 ))
 swift-plt-two-stage \

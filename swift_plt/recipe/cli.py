@@ -11,6 +11,7 @@ import time
 from typing import Optional, Sequence
 
 from swift_plt.recipe.export import check_export_args, export_vanilla
+from swift_plt.recipe.family import causal_lm_class, check_family, read_config, run_model_type
 from swift_plt.recipe.options import Options, RecipeError, check_micro_batch, check_passthrough, parse_options
 from swift_plt.recipe.plan import TwoStagePlan, make_plan
 from swift_plt.recipe.process import env_prefix, export_launch, failure_cause, run_logged
@@ -21,15 +22,16 @@ from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, check_plan_fi
 
 def checked_plan(opts: Options) -> TwoStagePlan:
     """The plan of ``opts``, after every check that needs no state on disk; RecipeError with what to do."""
-    for argv, where in ((opts.args, 'extra arguments'), (opts.stage1_args, '--stage1_args'),
-                        (opts.stage2_args, '--stage2_args')):
+    check_passthrough(opts.args, 'extra arguments', shared=True)
+    for argv, where in ((opts.stage1_args, '--stage1_args'), (opts.stage2_args, '--stage2_args')):
         check_passthrough(argv, where)
     try:
         check_export_args(opts.export_args)
     except ValueError as e:
         raise RecipeError(f'--export_args: {e}') from None
     if not os.path.isdir(opts.model):
-        raise RecipeError(f'--model {opts.model}: not a directory (pass a local HF Llama dir).')
+        raise RecipeError(f'--model {opts.model}: not a directory (pass a local HF model dir).')
+    check_model(opts)
     try:
         plan = make_plan(opts.tokens, opts.patch_size, opts.lam, seq_length=opts.max_length,
                          global_batch_size=opts.global_batch_size, stage1_batch=opts.stage1_batch)
@@ -37,6 +39,17 @@ def checked_plan(opts: Options) -> TwoStagePlan:
         raise RecipeError(str(e)) from None
     check_micro_batch(opts, plan)
     return plan
+
+
+def check_model(opts: Options) -> None:
+    """The model's family trains at patch level and, when the export is a step, has a plain transformers class."""
+    try:
+        config = read_config(opts.model)
+        check_family(config.get('model_type'))
+        if opts.stage in ('all', 'export'):
+            causal_lm_class(config)
+    except ValueError as e:
+        raise RecipeError(f'--model {opts.model}: {e}') from None
 
 
 def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options) -> int:
@@ -103,15 +116,16 @@ def run(opts: Options) -> int:
         if step.name == 'export':
             if step.action.startswith('skip'):
                 continue
-            print(f'[export] vanilla HF Llama -> {os.path.join(out, EXPORT_DIR)}', flush=True)
+            print(f'[export] vanilla HF model -> {os.path.join(out, EXPORT_DIR)}', flush=True)
             export_vanilla(os.path.join(out, STAGE_DIRS[2], f'checkpoint-{plan.stage2.train_iters}'),
                            os.path.join(out, EXPORT_DIR), opts.model, opts.export_args,
-                           log_path=os.path.join(out, 'logs', 'export.log'), extra_env=step.env)
+                           log_path=os.path.join(out, 'logs', 'export.log'), extra_env=step.env,
+                           model_type=run_model_type(opts.model, opts.args))
         elif step.cmd is not None:
             rc = run_stage(step, out, plan, opts)
             if rc:
                 return rc
-    print('[done] ' + (f'vanilla HF Llama: {os.path.join(out, EXPORT_DIR)}' if any(s.name == 'export' for s in steps)
+    print('[done] ' + (f'vanilla HF model: {os.path.join(out, EXPORT_DIR)}' if any(s.name == 'export' for s in steps)
                        else 'requested stage(s) complete'), flush=True)
     write_report(out, plan)
     return 0

@@ -16,7 +16,7 @@ import sys
 from typing import List, Mapping, Optional, Sequence
 
 from swift_plt.recipe.family import causal_lm_class, model_type_flags, read_config, swift_model_type
-from swift_plt.recipe.process import cli_executable, export_launch, failure_cause, run_logged
+from swift_plt.recipe.process import cli_executable, export_launch, failure_cause, flag_value, run_logged
 
 TRACKER = 'latest_checkpointed_iteration.txt'
 PROVENANCE = 'swift_plt_export.json'
@@ -156,12 +156,15 @@ def check_export_args(extra: Sequence[str], patch_size: Optional[int] = None) ->
             raise ValueError(f'{flag} is set by the vanilla export itself; drop it from the extra arguments.')
 
 
-def export_command(ckpt_dir: str, output_dir: str, model: str, model_type: str,
-                   extra: Sequence[str] = ()) -> List[str]:
-    # --patch_size 1: the Megatron side of ms-swift's optional --test_convert_precision check is the token-level model
+def export_command(ckpt_dir: str, output_dir: str, model: str, model_type: str, extra: Sequence[str] = (),
+                   template: Optional[str] = None) -> List[str]:
+    # --patch_size 1: the Megatron side of ms-swift's optional --test_convert_precision check is the token-level model.
+    # --template: the run's, unless given (ms-swift finds none itself for a local dir of several candidate templates)
+    template = [] if template is None or flag_value(extra, 'template') else ['--template', template]
     return [
         cli_executable('megatron'), 'export', '--mcore_model', ckpt_dir, '--model', model,
-        *model_type_flags(model_type), '--patch_size', '1', '--to_hf', 'true', '--output_dir', output_dir, *extra
+        *model_type_flags(model_type), *template, '--patch_size', '1', '--to_hf', 'true', '--output_dir', output_dir,
+        *extra
     ]
 
 
@@ -180,7 +183,8 @@ def export_vanilla(checkpoint: str,
                    extra_env: Optional[Mapping[str, str]] = None,
                    model_type: Optional[str] = None) -> List[str]:
     """Export ``checkpoint`` (a checkpoint-N dir or a run's output dir) to ``output_dir`` as its family's plain HF
-    model; ``model_type``: the ms-swift model type (default: the run's, ``export_model_type``).
+    model; ``model_type``: the ms-swift model type (default: the run's, ``export_model_type``); the run's
+    ``--template`` (args.json) too unless ``extra`` has one.
 
     ``extra``: more `megatron export` flags; ``extra_env``: added to its environment (default: ``export_launch``'s
     process count). Writes ``output_dir + '.tmp'`` and renames it at the end, so ``output_dir`` is always finished.
@@ -190,7 +194,8 @@ def export_vanilla(checkpoint: str,
     model = model or source_model_dir(ckpt)
     output_dir = os.path.abspath(output_dir)
     tmp = output_dir + '.tmp'
-    cmd = export_command(ckpt, tmp, model, model_type or export_model_type(ckpt, model), extra)
+    cmd = export_command(ckpt, tmp, model, model_type or export_model_type(ckpt, model), extra,
+                         run_args(ckpt).get('template'))
     if dry_run:
         return cmd
     if os.path.exists(tmp):

@@ -6,10 +6,13 @@ from typing import List, Optional, Sequence
 
 from swift_plt import PLT_MODEL_TYPE
 from swift_plt.models.families import plt_refusal
+from swift_plt.recipe.process import flag_value
 
 # The file ms-swift imports for `--custom_register_path` (registers llama3_2_plt), shipped in the package.
 REGISTER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'custom_register.py')
-LLAMA = 'llama'
+# config.json model_type -> ms-swift model type, where they differ (Llama: the design type; ms-swift registers the
+# Kimi-K2 checkpoints under deepseek_v3); every other supported family has an ms-swift type of its own name
+SWIFT_MODEL_TYPES = {'llama': PLT_MODEL_TYPE, 'kimi_k2': 'deepseek_v3'}
 
 
 def read_config(model_dir: str) -> dict:
@@ -26,7 +29,7 @@ def read_config(model_dir: str) -> dict:
 
 
 def check_family(model_type: Optional[str]) -> None:
-    """ValueError unless HF model type ``model_type`` trains at patch level (the message says why and what is)."""
+    """ValueError unless HF model type ``model_type`` trains at K > 1 (the message: why not, what is supported)."""
     refusal = plt_refusal(model_type)
     if refusal:
         raise ValueError(refusal.replace(' Use --patch_size 1.', ' The two-stage recipe trains stage 1 at patch size '
@@ -34,13 +37,12 @@ def check_family(model_type: Optional[str]) -> None:
 
 
 def swift_model_type(hf_model_type: str) -> str:
-    """The ms-swift model type the steps pass for a config's model type: Llama keeps the design type."""
-    return PLT_MODEL_TYPE if hf_model_type == LLAMA else hf_model_type
+    """The ms-swift model type the steps pass for a config.json model_type (SWIFT_MODEL_TYPES, else the same)."""
+    return SWIFT_MODEL_TYPES.get(hf_model_type, hf_model_type)
 
 
 def run_model_type(model_dir: str, argv: Sequence[str] = ()) -> str:
     """The ms-swift model type of a run: ``--model_type`` in ``argv`` if given, else from config.json."""
-    from swift_plt.recipe.process import flag_value
     return flag_value(argv, 'model_type') or swift_model_type(read_config(model_dir).get('model_type'))
 
 
@@ -52,7 +54,7 @@ def model_type_flags(model_type: str) -> List[str]:
 
 def causal_lm_class(config: dict) -> str:
     """The family's own transformers ``*ForCausalLM`` for ``config``: transformers' AutoModelForCausalLM mapping of
-    its model_type, else its own ``architectures`` when that is a transformers class; ValueError otherwise."""
+    its model_type, else its own ``architectures`` when that is a transformers class of it; ValueError otherwise."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     model_type = config.get('model_type')
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
@@ -61,7 +63,8 @@ def causal_lm_class(config: dict) -> str:
     own = (config.get('architectures') or [''])[0]
     if own.endswith('ForCausalLM'):
         import transformers
-        if hasattr(transformers, own):
+        cls = getattr(transformers, own, None)
+        if cls is not None and getattr(cls.config_class, 'model_type', None) == model_type:
             return own
     raise ValueError(f'model_type {model_type!r} has no causal LM class in transformers (this version): the export '
                      'cannot write a plain model that transformers loads without remote code.')

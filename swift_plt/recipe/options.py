@@ -11,8 +11,10 @@ from swift_plt.recipe.process import flag_value, model_parallel_size
 
 # Set by the recipe for each stage; a user value would contradict the plan or the hand-over.
 RESERVED = ('train_iters', 'num_train_epochs', 'max_epochs', 'max_length', 'packing_length', 'seq_length',
-            'patch_size', 'model_type', 'mcore_model', 'finetune', 'output_dir', 'add_version', 'save_safetensors',
+            'patch_size', 'mcore_model', 'finetune', 'output_dir', 'add_version', 'save_safetensors',
             'global_batch_size', 'model')
+# Allowed with the flags of both stages only: both stages and the export must use the same one.
+SHARED_ONLY = ('model_type', )
 
 
 class RecipeError(ValueError):
@@ -46,11 +48,16 @@ def _flag_names(argv: Sequence[str]) -> List[str]:
     return [a[2:].split('=', 1)[0].replace('-', '_') for a in argv if a.startswith('--')]
 
 
-def check_passthrough(argv: Sequence[str], where: str) -> None:
+def check_passthrough(argv: Sequence[str], where: str, shared: bool = False) -> None:
+    """Refuse the flags the recipe sets itself; ``shared``: the flags of both stages, which may set SHARED_ONLY."""
     bad = sorted(set(_flag_names(argv)) & set(RESERVED))
     if bad:
         raise RecipeError(f'{where}: {", ".join("--" + b for b in bad)} is set by the two-stage recipe for each stage '
                           '(from --tokens/--max_length/--global_batch_size/--patch_size/--lam/--output_dir); drop it.')
+    bad = [] if shared else sorted(set(_flag_names(argv)) & set(SHARED_ONLY))
+    if bad:
+        raise RecipeError(f'{where}: {", ".join("--" + b for b in bad)} must be the same for both stages and the '
+                          'export: pass it with the flags of both stages (not --stage1_args/--stage2_args).')
 
 
 def micro_batch_size(argv: Sequence[str]) -> int:
@@ -112,10 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog='swift-plt-two-stage',
         description='Two-stage patch-level training (PLT): stage 1 at patch size K on λ·N tokens, stage 2 at K=1 on '
-        '(1-λ)·N tokens from the stage-1 weights (fresh optimizer and LR schedule), then a plain HF Llama export. '
-        'Every flag not listed here is passed to `megatron pt` in both stages. Rerun the same command to resume.')
+        '(1-λ)·N tokens from the stage-1 weights (fresh optimizer and LR schedule), then an export as the family\'s '
+        'plain HF model (e.g. Qwen3ForCausalLM). Every flag not listed here is passed to `megatron pt` in both stages. '
+        'Rerun the same command to resume.')
     p.add_argument('--config', help='YAML file whose keys are these flags (the command line wins)')
-    p.add_argument('--model', help='HF Llama dir to start from')
+    p.add_argument('--model', help='local HF dir to start from (Llama, Qwen3, ...: see swift_plt.models.families); its '
+                   'config.json model_type picks --model_type (llama3_2_plt for Llama) unless --model_type is given')
     p.add_argument('--output_dir', help='run dir: stage1_patch/, stage2_token/, hf/, logs/, plan.json')
     p.add_argument('--tokens', help='token budget N: 2000000000, 2e9 or 2B (K/M/B/T = powers of 1000)')
     p.add_argument('--max_length', type=int, help='T: token-level sequence length (the patch stage uses K*T)')

@@ -1,4 +1,6 @@
 """Fixtures of the two-stage recipe tests."""
+import json
+
 import pytest
 
 
@@ -9,3 +11,14 @@ def model_dir(tmp_path):
     d.mkdir()
     (d / 'config.json').write_text('{"model_type": "llama"}')
     return str(d)
+
+
+@pytest.fixture
+def family_model_dir(tmp_path):
+    """model_type -> a model folder whose config.json has that model_type (all the recipe reads before it runs)."""
+    def make(model_type):
+        d = tmp_path / f'model_{model_type}'
+        d.mkdir(exist_ok=True)
+        (d / 'config.json').write_text(json.dumps({'model_type': model_type}))
+        return str(d)
+    return make

@@ -21,15 +21,17 @@ CPU_EXPORT_ARGS = ('--torch_dtype float32 --fp16 false --bf16 false --ddp_backen
                    '--perform_initialization true --check_model false')
 
 
-def recipe_argv(model, data, out, *extra):
+def recipe_argv(model, data, out, *extra, template='llama'):
     # N=3840, λ=0.8, T=64, G=4: stage 1 3072 tokens / (4*4*64) = 3 steps, stage 2 768 / (4*64) = 3 steps.
     # --stage1_batch sequences keeps stage 1 at 3 steps of 4 sequences (the default, G/K = 1 sequence per step,
-    # would be 12 steps; its plan and commands are tested in test_two_stage_plan.py)
+    # would be 12 steps; its plan and commands are tested in test_two_stage_plan.py). template None: the model
+    # type's default template.
     return ['swift-plt-two-stage', '--model', model, '--output_dir', out, '--tokens', '3840', '--lam', '0.8',
-            '--max_length', '64', '--global_batch_size', '4', '--stage1_batch', 'sequences', '--dataset', data, '--template', 'llama',
-            '--micro_batch_size', '2', '--lr', '1e-3', '--lr_warmup_iters', '0', '--logging_steps', '1', '--seed', '7',
-            '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false', '--dataset_num_proc', '1',
-            '--dataloader_num_workers', '0', *CPU_MEGATRON_ARGS, '--export_args', CPU_EXPORT_ARGS, *extra]
+            '--max_length', '64', '--global_batch_size', '4', '--stage1_batch', 'sequences', '--dataset', data,
+            *(['--template', template] if template else []), '--micro_batch_size', '2', '--lr', '1e-3',
+            '--lr_warmup_iters', '0', '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32', '--fp16',
+            'false', '--bf16', 'false', '--dataset_num_proc', '1', '--dataloader_num_workers', '0', *CPU_MEGATRON_ARGS,
+            '--export_args', CPU_EXPORT_ARGS, *extra]
 
 
 @pytest.fixture(scope='module')
@@ -137,8 +139,8 @@ def test_exports_are_plain_llamas_for_plain_transformers(run, export):
     # a fresh interpreter without swift-plt (startup hook off): plain transformers, no remote code
     env = dict(os.environ, SWIFT_PLT_DISABLE='1', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1',
                OMP_NUM_THREADS=cpu_threads())
-    proc = subprocess.run([sys.executable, '-m', 'swift_plt.recipe.export', '--check', hf], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, '-m', 'swift_plt.recipe.export', '--check', hf], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)['class'] == 'transformers.models.llama.modeling_llama.LlamaForCausalLM'
 

@@ -186,6 +186,7 @@ def test_export_failure_names_log_and_cause(tmp_path, monkeypatch):
     ckpt = tmp_path / 'run' / 'checkpoint-3'
     (ckpt / 'iter_0000003').mkdir(parents=True)
     (ckpt / 'latest_checkpointed_iteration.txt').write_text('3')
+    (tmp_path / 'config.json').write_text('{"model_type": "llama"}')
     fake = FakeRun('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n')
     monkeypatch.setattr(export, 'run_logged', fake)
     log = tmp_path / 'logs' / 'export.log'

@@ -7,11 +7,13 @@ import os
 import random
 import re
 from fractions import Fraction
+from unittest import mock
 
 import pytest
 
 from swift_plt.recipe import export as vanilla
 from swift_plt.recipe.cli import main
+from swift_plt.recipe.family import REGISTER_FILE, causal_lm_class, run_model_type
 from swift_plt.recipe.options import RecipeError, check_micro_batch, parse_options
 from swift_plt.recipe.plan import make_plan, min_tokens, parse_lam, parse_tokens
 from swift_plt.recipe.stages import check_plan_file, plan_steps
@@ -253,7 +255,9 @@ def test_stage1_micro_batch_from_stage1_args_wins(model_dir, tmp_path):
     (['--train_iters', '5'], '--train_iters is set by the two-stage recipe'),
     (['--mcore_model=x'], '--mcore_model is set by the two-stage recipe'),
     (['--stage2_args', '--finetune false'], '--stage2_args: --finetune is set'),
-    (['--export_args', '--patch_size 4'], 'the vanilla export writes a plain Llama'),
+    (['--export_args', '--patch_size 4'], 'the vanilla export writes a plain model'),
+    (['--export_args', '--model_type qwen3'], '--model_type is set by the vanilla export itself'),
+    (['--stage1_args', '--model_type qwen3'], '--stage1_args: --model_type must be the same for both stages'),
     (['--lam', '1'], 'outside (0, 1)'),
     (['--tokens', '1000'], 'too small for one training step'),
 ])
@@ -364,20 +368,100 @@ def test_yaml_config_example_and_cli_override(tmp_path, model_dir):
     assert opts.stage1_args == ['--lr', '2e-3']
 
 
+# ---------------------------------------------------------------------------------------------- families
+@pytest.mark.parametrize('model_type, want', [('llama', 'llama3_2_plt'), ('qwen3', 'qwen3'),
+                                              ('qwen3_moe', 'qwen3_moe'), ('kimi_k2', 'deepseek_v3')])
+def test_stage_commands_use_the_family_model_type(family_model_dir, tmp_path, model_type, want):
+    """Llama keeps the design type and its register file; other families pass their own type, no register file."""
+    steps = steps_of(base_argv(family_model_dir(model_type), tmp_path / 'out'))
+    for cmd in (steps['stage1'].cmd, steps['stage2'].cmd):
+        assert flag(cmd, '--model_type') == want and cmd.count('--model_type') == 1
+        assert ('--custom_register_path' in cmd) == (want == 'llama3_2_plt')
+        if want == 'llama3_2_plt':
+            assert flag(cmd, '--custom_register_path') == REGISTER_FILE
+    assert (flag(steps['stage1'].cmd, '--patch_size'), flag(steps['stage2'].cmd, '--patch_size')) == ('4', '1')
+
+
+def test_every_family_has_the_ms_swift_model_type_the_steps_pass():
+    from swift.model import MODEL_MAPPING
+
+    from swift_plt.models.families import FAMILIES
+    from swift_plt.plugin.register import register_swift
+    from swift_plt.recipe.family import swift_model_type
+    register_swift()  # llama3_2_plt: what the register file does in the stages
+    assert [t for t in FAMILIES if swift_model_type(t) not in MODEL_MAPPING] == []
+
+
+def test_user_model_type_overrides_for_every_step(family_model_dir, tmp_path, capsys):
+    """--model_type with the flags of both stages replaces the one from config.json (both stages, the export)."""
+    argv = base_argv(family_model_dir('llama'), tmp_path / 'out', '--model_type', 'llama3_2')
+    steps = steps_of(argv)
+    for cmd in (steps['stage1'].cmd, steps['stage2'].cmd):
+        assert flag(cmd, '--model_type') == 'llama3_2' and '--custom_register_path' not in cmd
+    assert main(argv + ['--dry_run']) == 0, capsys.readouterr().err
+    assert run_model_type(family_model_dir('llama'), parse_options(argv).args) == 'llama3_2'
+
+
+@pytest.mark.parametrize('model_type, message', [
+    ('gpt_oss', '`gpt_oss` is not supported: its sliding-window attention'),
+    ('mistral', 'model type `mistral` (config.json) has no patch-level training; supported: '),
+    ('qwen2_vl', 'model type `qwen2_vl` (config.json) has no patch-level training'),
+])
+def test_unsupported_family_is_refused_before_anything_runs(family_model_dir, tmp_path, capsys, model_type,
+                                                           message):
+    out = tmp_path / 'out'
+    assert main(base_argv(family_model_dir(model_type), out)) == 2
+    err = capsys.readouterr().err
+    assert message in err and 'The two-stage recipe trains stage 1 at patch size K > 1.' in err, err
+    assert 'Use --patch_size 1' not in err and not os.path.exists(out)
+
+
+def test_family_without_transformers_class_is_refused_when_exporting(family_model_dir, tmp_path, capsys):
+    """internlm3 trains at patch level, but transformers has no class for it: the export could not write a plain
+    model, so a run that exports is refused before anything runs; its stages alone are not."""
+    model = family_model_dir('internlm3')
+    assert main(base_argv(model, tmp_path / 'out', '--dry_run')) == 2
+    err = capsys.readouterr().err
+    assert "model_type 'internlm3' has no causal LM class in transformers" in err, err
+    assert main(base_argv(model, tmp_path / 'out', '--stage', '1', '--dry_run')) == 0
+
+
+def test_model_without_config_is_refused(tmp_path, capsys):
+    (tmp_path / 'm').mkdir()
+    assert main(base_argv(str(tmp_path / 'm'), tmp_path / 'out')) == 2
+    err = capsys.readouterr().err
+    assert f"--model {tmp_path / 'm'}: cannot read {tmp_path / 'm' / 'config.json'}" in err, err
+
+
 # ---------------------------------------------------------------------------------------------- vanilla export
-def test_vanilla_config():
-    src = {'model_type': 'llama', 'architectures': ['PLTLlamaForCausalLM'], 'patch_size': 4,
-           'auto_map': {'AutoModelForCausalLM': 'modeling_plt.PLTLlamaForCausalLM'}, 'hidden_size': 64}
+@pytest.mark.parametrize('model_type, cls', [('llama', 'LlamaForCausalLM'), ('qwen3', 'Qwen3ForCausalLM'),
+                                             ('qwen3_moe', 'Qwen3MoeForCausalLM')])
+def test_vanilla_config(model_type, cls):
+    """The family's own model_type and transformers class; PLT and remote-code keys dropped."""
+    src = {'model_type': model_type, 'architectures': ['PLTForCausalLM'], 'patch_size': 4,
+           'auto_map': {'AutoModelForCausalLM': 'modeling_plt.PLTForCausalLM'}, 'hidden_size': 64}
     out = vanilla.vanilla_config(src)
-    assert out == {'model_type': 'llama', 'architectures': ['LlamaForCausalLM'], 'hidden_size': 64}
+    assert out == {'model_type': model_type, 'architectures': [cls], 'hidden_size': 64}
     assert src['patch_size'] == 4  # input untouched
-    with pytest.raises(ValueError, match='Llama checkpoints only'):
-        vanilla.vanilla_config({'model_type': 'qwen2'})
+
+
+def test_vanilla_config_class_from_the_config_or_refused():
+    """Without a mapping entry: the config's own architectures when transformers has that class for this
+    model_type; remote-code classes (or another type's class) are refused."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as mapping
+    assert 'internlm3' not in mapping and 'kimi_k2' not in mapping
+    for config in ({'model_type': 'internlm3', 'architectures': ['InternLM3ForCausalLM']},
+                   {'model_type': 'kimi_k2', 'architectures': ['DeepseekV3ForCausalLM']}):
+        with pytest.raises(ValueError, match=f"model_type '{config['model_type']}' has no causal LM class"):
+            vanilla.vanilla_config(config)
+    with mock.patch.dict(mapping, clear=False) as m:
+        del m['qwen3']
+        assert causal_lm_class({'model_type': 'qwen3', 'architectures': ['Qwen3ForCausalLM']}) == 'Qwen3ForCausalLM'
 
 
 @pytest.mark.parametrize('patch_size, extra', [(4, []), (None, ['--patch_size', '2']), (None, ['--patch_size=8'])])
 def test_vanilla_export_refuses_patch_size_above_1(tmp_path, patch_size, extra):
-    with pytest.raises(ValueError, match='the vanilla export writes a plain Llama'):
+    with pytest.raises(ValueError, match='the vanilla export writes a plain model'):
         vanilla.export_vanilla(str(tmp_path), str(tmp_path / 'o'), extra=extra, patch_size=patch_size)
     assert vanilla.main(['--checkpoint', str(tmp_path), '--patch_size', '4']) == 2
 
@@ -388,14 +472,27 @@ def test_vanilla_export_command_and_checkpoint_resolution(tmp_path):
     ck5 = fake_checkpoint(run, 5)
     fake_checkpoint(run, 7, complete=False)
     (run / 'args.json').write_text(json.dumps({'model': str(tmp_path)}))
+    (tmp_path / 'config.json').write_text('{"model_type": "llama"}')
     assert vanilla.resolve_checkpoint(str(run)) == ck5 and vanilla.resolve_checkpoint(ck5) == ck5
     cmd = vanilla.export_vanilla(str(run), str(tmp_path / 'hf'), extra=['--torch_dtype', 'bfloat16'], dry_run=True)
     assert cmd[1:3] == ['export', '--mcore_model'] and flag(cmd, '--mcore_model') == ck5
     assert flag(cmd, '--model') == str(tmp_path)  # from args.json
+    # the model type: from config.json (Llama: the design type and its register file) ...
+    assert flag(cmd, '--model_type') == 'llama3_2_plt'
+    assert flag(cmd, '--custom_register_path') == REGISTER_FILE
     assert flag(cmd, '--patch_size') == '1' and flag(cmd, '--to_hf') == 'true'
     assert flag(cmd, '--output_dir') == str(tmp_path / 'hf') + '.tmp' and cmd[-2:] == ['--torch_dtype', 'bfloat16']
     with pytest.raises(FileNotFoundError, match='no complete Megatron checkpoint'):
         vanilla.resolve_checkpoint(str(tmp_path / 'run' / 'checkpoint-7'))
+    # ... the run's own (args.json) when it says, and the caller's above both
+    (run / 'args.json').write_text(json.dumps({'model': str(tmp_path), 'model_type': 'qwen3', 'template': 'qwen3'}))
+    cmd = vanilla.export_vanilla(str(run), str(tmp_path / 'hf'), dry_run=True)
+    assert flag(cmd, '--model_type') == 'qwen3' and '--custom_register_path' not in cmd
+    assert flag(cmd, '--template') == 'qwen3'  # the run's template too
+    cmd = vanilla.export_vanilla(str(run), str(tmp_path / 'hf'), extra=['--template', 'default'], dry_run=True)
+    assert cmd.count('--template') == 1 and flag(cmd, '--template') == 'default'
+    cmd = vanilla.export_vanilla(str(run), str(tmp_path / 'hf'), dry_run=True, model_type='qwen3_moe')
+    assert flag(cmd, '--model_type') == 'qwen3_moe' and flag(cmd, '--patch_size') == '1'
 
 
 def test_check_vanilla_reports_what_is_not_vanilla(tmp_path):
@@ -406,3 +503,27 @@ def test_check_vanilla_reports_what_is_not_vanilla(tmp_path):
         vanilla.check_vanilla(str(tmp_path))
     assert "config.json has 'patch_size'" in str(e.value) and "model_type is 'llama_plt'" in str(e.value)
     assert 'custom code file modeling_plt.py' in str(e.value)
+    (tmp_path / 'config.json').write_text(json.dumps({'model_type': 'qwen3', 'architectures': ['LlamaForCausalLM']}))
+    with pytest.raises(AssertionError, match=r"architectures is \['LlamaForCausalLM'\], not \['Qwen3ForCausalLM'\]"):
+        vanilla.check_vanilla(str(tmp_path))
+
+
+@pytest.mark.parametrize('family, cls', [('qwen3', 'transformers.models.qwen3.modeling_qwen3.Qwen3ForCausalLM'),
+                                         ('qwen3_moe',
+                                          'transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeForCausalLM')])
+def test_make_vanilla_then_check_vanilla_loads_the_family_class(tmp_path, family, cls):
+    """A bridge-written dir (PLT keys, a remote-code file, args.json) -> vanilla; plain transformers loads it as the
+    family's own class, named in the report."""
+    from swift_plt.tools.tiny_families import make_tiny_family
+    hf = make_tiny_family(family, str(tmp_path / 'hf'))
+    config = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+    config.update(patch_size=4, auto_map={'AutoModelForCausalLM': 'modeling_plt.PLT'}, architectures=['PLT'])
+    (tmp_path / 'hf' / 'config.json').write_text(json.dumps(config))
+    (tmp_path / 'hf' / 'modeling_plt.py').write_text('')
+    (tmp_path / 'hf' / 'args.json').write_text(json.dumps({'model_type': family}))
+    with pytest.raises(AssertionError, match='is not a vanilla checkpoint'):
+        vanilla.check_vanilla(hf)
+    vanilla.make_vanilla(hf, {'checkpoint': 'ck'})
+    report = vanilla.check_vanilla(hf)
+    assert report['class'] == cls and report['model_type'] == family and report['num_parameters'] > 0
+    assert json.loads((tmp_path / 'hf' / vanilla.PROVENANCE).read_text())['ms_swift_args'] == {'model_type': family}
