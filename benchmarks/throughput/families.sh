@@ -14,7 +14,7 @@
 #   bash benchmarks/throughput/families.sh           (repo root or anywhere; a GPU machine)
 # ~4 min on an H100 (8 runs of ~20-35 s on the GPU after ~40 s of start-up; models made first if missing, ~30 s).
 # env: MODELS_DIR (make_family_configs.py's --out; the two models are made there if missing; default $TPUT_WORK/models),
-#      DENSE (qwen3-1.7b; or qwen2.5-1.5b), MOE (qwen3-30b-a3b-cut), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8),
+#      DENSE (qwen3-1.7b; or qwen2.5-1.5b; empty: skip), MOE (qwen3-30b-a3b-cut; empty: skip), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8),
 #      BUDGET (290 s from the start; the launcher gives no turn with less than TURN_SECS (40) left and kills
 #      everything at BUDGET - 10 s), LOOKAHEAD (3), OUT (/tmp/plt_tput_families_out), TPUT_WORK
 #      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), SWIFT_PLT_GPU_ENV (sourced first).
@@ -27,7 +27,7 @@ W=${TPUT_WORK:-/tmp/plt_tput_families}
 mkdir -p "$OUT" "$W/runs" "$W/probes"
 ROUNDS=${ROUNDS:-2} ITERS=${ITERS:-8} WARM=${WARM:-3} MBS=${MBS:-1} GBS=${GBS:-8} BUDGET=${BUDGET:-290}
 LOOKAHEAD=${LOOKAHEAD:-3} TURN_SECS=${TURN_SECS:-40}
-DENSE=${DENSE:-qwen3-1.7b} MOE=${MOE:-qwen3-30b-a3b-cut}
+DENSE=${DENSE-qwen3-1.7b} MOE=${MOE-qwen3-30b-a3b-cut}
 MODELS_DIR=${MODELS_DIR:-$W/models}
 export SWIFT_PLT_REPORT_DOCS=${SWIFT_PLT_REPORT_DOCS:-200} # the plugin's K>1 data report: 200 documents, not all
 
@@ -40,8 +40,10 @@ if ! (cd /tmp && python3 -c "import swift_plt.plugin.import_hook as a; assert a.
 fi
 
 # ---- the two models (unless MODELS_DIR has them), then the text: the tiny tokenizer's sentences, as jsonl rows
-missing=()
-for n in "$DENSE" "$MOE"; do
+missing=() FAMILY_ARGS=()
+[ -n "$DENSE" ] && FAMILY_ARGS+=(--family "dense=$MODELS_DIR/$DENSE")
+[ -n "$MOE" ] && FAMILY_ARGS+=(--family "moe=$MODELS_DIR/$MOE")
+for n in $DENSE $MOE; do
   ls "$MODELS_DIR/$n"/*.safetensors >/dev/null 2>&1 && [ -f "$MODELS_DIR/$n/tokenizer.json" ] || missing+=("$n")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -62,8 +64,7 @@ python3 benchmarks/throughput/make_text_jsonl.py "$W/text.txt" "$W/text.jsonl" -
 
 ELAPSED=$(python3 -c "import time; print(time.time() - $T0)")
 echo "TPUT setup done after ${ELAPSED%.*} s"
-python3 benchmarks/throughput/tput_launch.py --work "$W" --family "dense=$MODELS_DIR/$DENSE" \
-  --family "moe=$MODELS_DIR/$MOE" --template default --data-k1 "$W/text.jsonl" --data-k4 "$W/text.jsonl" \
+python3 benchmarks/throughput/tput_launch.py --work "$W" "${FAMILY_ARGS[@]}" --template default --data-k1 "$W/text.jsonl" --data-k4 "$W/text.jsonl" \
   --rounds "$ROUNDS" --rounds-m8 0 --mbs "$MBS" --gbs "$GBS" --iters "$ITERS" --lookahead "$LOOKAHEAD" \
   --turn-secs "$TURN_SECS" --run-timeout 150 --deadline "$(python3 -c "print($T0 + $BUDGET - 10)")" \
   --extra-args="${EXTRA_ARGS:-}" ${MEGATRON:+--megatron "$MEGATRON"}
