@@ -1,7 +1,7 @@
-"""Registration of ``llama3_2_plt`` and ``llama3_2_critic`` with ms-swift (HF side) and mcore-bridge (Megatron side),
-and of ``gpt_plt``, the mcore-bridge model type every `gpt` family trains through at K > 1. Idempotent."""
+"""Registration of ``llama3_2_plt`` and the critic types (``llama3_2_critic``, ``qwen3_critic``, ...) with ms-swift
+(HF side) and mcore-bridge (Megatron side), and of ``gpt_plt``, the mcore-bridge model type every `gpt` family
+trains through at K > 1. Idempotent."""
 from swift_plt import PLT_MODEL_TYPE
-from swift_plt.critic import CRITIC_MODEL_TYPE
 
 
 def register_swift() -> None:

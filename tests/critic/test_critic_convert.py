@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from harness.tiny import make_tiny_llama
-from swift_plt.critic import CRITIC_MODEL_TYPE
 from swift_plt.compat.transformers import critic_head_has_bias
 from swift_plt.critic.convert import convert, main
 from swift_plt.critic.keys import check_critic_keys, check_head_bias, llama_trunk_shapes, read_head_bias

@@ -1,5 +1,5 @@
 """ms-swift ``MegatronSft.prepare_trainer`` (``megatron sft``/``pt``): the critic trainer
-(``swift_plt.critic.trainer.MegatronCriticTrainer``) for ``llama3_2_critic``; upstream's trainer otherwise."""
+(``swift_plt.critic.trainer.MegatronCriticTrainer``) for a critic type (``llama3_2_critic``, ``qwen3_critic``, ...); upstream's trainer otherwise."""
 import functools
 
 from swift_plt.compat.guard import guard

@@ -1,4 +1,4 @@
-"""ms-swift ``load_mcore_checkpoint``: a ``llama3_2_critic`` loads a causal-LM mcore checkpoint without its ``[V, H]``
+"""ms-swift ``load_mcore_checkpoint``: a critic (``llama3_2_critic``, ``qwen3_critic``, ...) loads a causal-LM mcore checkpoint without its ``[V, H]``
 LM head (upstream would load it into the ``[1, H]`` value head) and zeros the value head; a critic checkpoint loads
 as upstream; other head shapes fail (docs/critic.md#initialisation). Other models: upstream, unchanged.
 """
@@ -49,7 +49,8 @@ def apply(module):
         for m in critics:
             if m.post_process:
                 init_value_head(m.output_layer.weight)
-        logger.warning(f'[swift-plt] llama3_2_critic: mcore checkpoint {load_dir} is a causal LM (no value head): '
+        critic_type = getattr(args, 'model_type', 'critic')
+        logger.warning(f'[swift-plt] {critic_type}: mcore checkpoint {load_dir} is a causal LM (no value head): '
                        f'initialised the value head with {HEAD_INIT} (its LM head, if any, is dropped).')
         return result
 
