@@ -72,6 +72,10 @@ def trunk_shapes(config) -> Dict[str, Tuple[int, ...]]:
     return dict(_trunk(json.dumps(config_dict(config), sort_keys=True, default=str))[0])
 
 
+# what transformers 5.x's class ignores on load and 4.57's does not list: DeepSeek-V3's multi-token-prediction layer
+IGNORED_ON_LOAD = {'deepseek_v3': (r'model\.layers\.61.*', )}
+
+
 def ignored_patterns(config) -> Tuple[str, ...]:
     """Regexes of checkpoint keys the family's HF class ignores on load (e.g. DeepSeek-V3's MTP layer)."""
     return _trunk(json.dumps(config_dict(config), sort_keys=True, default=str))[1]
@@ -106,13 +110,6 @@ def _trunk(config_json: str):
     return shapes, tuple(getattr(cls, '_keys_to_ignore_on_load_unexpected', None) or ())
 
 
-def _extra_layer(key: str, num_layers: int) -> bool:
-    """A layer past the decoder's (DeepSeek-V3's multi-token-prediction layer ``model.layers.61.*``), which every
-    transformers version leaves out of the model (5.x lists it in the class's ignore patterns, 4.57 does not)."""
-    m = re.match(r'model\.layers\.(\d+)\.', key)
-    return m is not None and int(m.group(1)) >= num_layers
-
-
 def _listed(keys: Iterable[str], limit: int = 20) -> str:
     keys = sorted(keys)
     more = f' ... (+{len(keys) - limit} more)' if len(keys) > limit else ''
@@ -122,11 +119,10 @@ def _listed(keys: Iterable[str], limit: int = 20) -> str:
 def check_critic_keys(shapes: Dict[str, Sequence[int]], hf_config, source: str = 'checkpoint') -> str:
     """Validate a checkpoint's ``{key: shape}`` for the critic; return 'loaded' (the value head is in it) or
     'missing' (a causal LM: the caller initialises the head). Raise ValueError (what is wrong, what to do)."""
-    ignored = [re.compile(p) for p in ignored_patterns(hf_config)]
-    layers = int(_cfg(hf_config, 'num_hidden_layers'))
+    patterns = ignored_patterns(hf_config) + IGNORED_ON_LOAD.get(_cfg(hf_config, 'model_type'), ())
+    ignored = [re.compile(p) for p in patterns]
     shapes = {k: tuple(v) for k, v in shapes.items()
-              if not k.endswith(IGNORED_SUFFIXES) and not any(p.search(k) for p in ignored)
-              and not _extra_layer(k, layers)}
+              if not k.endswith(IGNORED_SUFFIXES) and not any(p.search(k) for p in ignored)}
     expected = trunk_shapes(hf_config)
     hidden, vocab = int(_cfg(hf_config, 'hidden_size')), int(_cfg(hf_config, 'vocab_size'))
     problems: List[str] = []

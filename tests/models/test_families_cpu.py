@@ -11,6 +11,8 @@ from swift_plt.tools.tiny_families import make_tiny_family
 pytestmark = pytest.mark.xdist_group('families_cpu')
 
 DENSE = ['qwen2', 'qwen3']
+MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
+NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
 @pytest.fixture(scope='module')
@@ -38,16 +40,6 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
 
 
 @pytest.mark.parametrize('family', DENSE)
-def test_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
-    hf_dir = family_dir(family_dirs, tmp_path_factory, family)
-    ref_loss, ref_grads = hf_plt_reference(hf_dir, batch)
-    (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', None, True)
-    print(f'{family}: PLT loss megatron {out["loss"]!r}, brute force {ref_loss!r}; {len(ref_grads)} gradients')
-    assert out['loss'] == pytest.approx(ref_loss, rel=1e-5)
-    assert_grads_match(out['grads'], ref_grads)
-
-
-@pytest.mark.parametrize('family', DENSE)
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     (plt1, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, 'gpt_plt')
@@ -67,13 +59,11 @@ def test_tp2_equals_one_rank(family, family_dirs, tmp_path_factory, batch):
 
 
 # ------------------------------------------------------------------------------------------------- MoE and MLA
-MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
-NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
-@pytest.mark.parametrize('family', MOE)
-def test_moe_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
-    """The router sees patches on both sides: a router fed tokens (or pooled after routing) changes the loss."""
+@pytest.mark.parametrize('family', DENSE + MOE)
+def test_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
+    """MoE: the router sees patches on both sides; a router fed tokens (or pooled after routing) changes the loss."""
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     ref_loss, ref_grads = hf_plt_reference(hf_dir, batch)
     (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', NO_AUX, True)

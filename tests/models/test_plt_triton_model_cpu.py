@@ -14,10 +14,11 @@ pytestmark = pytest.mark.skipif(os.environ.get('TRITON_INTERPRET') != '1', reaso
 
 from harness.dist import spawn  # noqa: E402
 from harness.tiny import make_tiny_llama  # noqa: E402
-from test_plt_model_cpu import K, VOCAB, hf_plt_reference, make_batch  # noqa: E402
+from harness.plt_cases import K, VOCAB, make_batch  # noqa: E402
+from test_plt_model_cpu import hf_plt_reference  # noqa: E402
 
 
-def _mcore_loss_triton(hf_dir, batch, k, model_type, backward):
+def _mcore_loss_triton(hf_dir, batch, k, model_type):
     """In a spawned rank: force the kernel (interpreter) and record how the model calls it."""
     assert os.environ.get('TRITON_INTERPRET') == '1'
     from swift_plt.patch_level import loss as patch_loss, loss_triton
@@ -31,8 +32,8 @@ def _mcore_loss_triton(hf_dir, batch, k, model_type, backward):
 
     loss_triton.patch_cross_entropy_triton = spy
     patch_loss.fused_loss_enabled = lambda logits: True  # as on CUDA
-    from test_plt_model_cpu import _mcore_loss
-    out = _mcore_loss(hf_dir, batch, k, model_type, backward)
+    from harness.plt_cases import mcore_loss
+    out = mcore_loss(hf_dir, batch, k, model_type)
     out['calls'] = calls
     return out
 
@@ -53,14 +54,14 @@ def reference(tied_dir, batch):
 
 
 def test_kernel_in_model_in_place_grad_tied(tied_dir, batch, reference):
-    (out, ) = spawn(_mcore_loss_triton, 1, tied_dir, batch, K, 'llama3_2_plt', True)
+    (out, ) = spawn(_mcore_loss_triton, 1, tied_dir, batch, K, 'llama3_2_plt')
     assert out['calls'] == [{'inplace_grad': True, 'vocab_start': 0, 'group': False, 'non_leaf': True}]
     assert out['loss'] == pytest.approx(reference[0], rel=1e-5)
     torch.testing.assert_close(out['emb_grad'], reference[1], rtol=1e-4, atol=1e-6)
 
 
 def test_kernel_in_model_tp2(tied_dir, batch, reference):
-    outs = spawn(_mcore_loss_triton, 2, tied_dir, batch, K, 'llama3_2_plt', True, tp=2, pp=1)
+    outs = spawn(_mcore_loss_triton, 2, tied_dir, batch, K, 'llama3_2_plt', tp=2, pp=1)
     assert sorted(c['vocab_start'] for o in outs for c in o['calls']) == [0, VOCAB // 2]
     assert all(c['group'] and c['inplace_grad'] for o in outs for c in o['calls'])
     assert all(o['loss'] == pytest.approx(reference[0], rel=1e-5) for o in outs)
