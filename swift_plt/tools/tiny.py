@@ -166,18 +166,18 @@ def make_jsonl(path: str, rows: int = 64, seed: int = 0, max_sentences: int = 3)
 
 
 def make_tiny_critic(out_dir: str, lm_dir: str, *, seed: int = 1, head_std: float = 0.5) -> str:
-    """Write a critic in our HF format (``LlamaForTokenClassification``, ``num_labels=1``, a zero ``score.bias`` on
-    4.57.x): the trunk of the causal LM ``lm_dir``, a random ``score.weight`` [1, H] ~ N(0, head_std); return it."""
+    """Write a critic in our HF format (the family's ``*ForTokenClassification``, ``num_labels=1``, a zero
+    ``score.bias`` on 4.57.x): the causal LM ``lm_dir``'s trunk, a random ``score.weight`` [1, H] ~ N(0, head_std)."""
     import shutil
 
     import torch
-    from transformers import AutoConfig, LlamaForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     from swift_plt.critic.keys import critic_hf_config
 
     config = critic_hf_config(AutoConfig.from_pretrained(lm_dir))
     with _fork_rng(seed), hf_rope_guard():
-        model = LlamaForTokenClassification.from_pretrained(lm_dir, config=config, dtype=torch.float32)
+        model = AutoModelForTokenClassification.from_pretrained(lm_dir, config=config, dtype=torch.float32)
         torch.nn.init.normal_(model.score.weight, std=head_std)
         if model.score.bias is not None:  # transformers 4.57.x: the format's zero bias
             torch.nn.init.zeros_(model.score.bias)

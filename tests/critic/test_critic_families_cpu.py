@@ -26,21 +26,8 @@ ALL = [f.hf_model_type for f in CRITIC_FAMILIES.values()]
 
 def make_family_critic(out_dir, lm_dir, seed=1, head_std=0.5):
     """A critic in our HF format: the causal LM's trunk, the family's ForTokenClassification, head ~ N(0, head_std)."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
-
-    from swift_plt.critic.keys import critic_hf_config
-    from swift_plt.tools.tiny import _fork_rng
-    config = critic_hf_config(AutoConfig.from_pretrained(lm_dir))
-    with _fork_rng(seed), hf_rope_guard():
-        model = AutoModelForTokenClassification.from_pretrained(lm_dir, config=config, dtype=torch.float32)
-        torch.nn.init.normal_(model.score.weight, std=head_std)
-        if model.score.bias is not None:  # transformers 4.57.x: the format's zero bias
-            torch.nn.init.zeros_(model.score.bias)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    for name in os.listdir(lm_dir):
-        if name.startswith('tokenizer') or name == 'special_tokens_map.json':
-            shutil.copy(os.path.join(lm_dir, name), os.path.join(out_dir, name))
-    return out_dir
+    from swift_plt.tools.tiny import make_tiny_critic
+    return make_tiny_critic(out_dir, lm_dir, seed=seed, head_std=head_std)
 
 
 @pytest.fixture(scope='module')
