@@ -45,17 +45,18 @@ def supported_list() -> str:
     return ', '.join(sorted(FAMILIES))
 
 
-def plt_refusal(model_type: Optional[str], is_multimodal: bool = False) -> Optional[str]:
-    """None where HF model type ``model_type`` supports K > 1, else why not and what to do (one sentence)."""
+def plt_refusal(model_type: Optional[str], is_multimodal: bool = False,
+                advice: str = 'Use --patch_size 1.') -> Optional[str]:
+    """None where HF model type ``model_type`` supports K > 1, else why not, then ``advice`` (what to do)."""
     if is_multimodal:
-        return (f'`{model_type}` is a multimodal model; PLT trains text-only decoders ({supported_list()}). Use '
-                '--patch_size 1.')
+        return (f'`{model_type}` is a multimodal model; PLT trains text-only decoders ({supported_list()}). '
+                f'{advice}')
     if model_type in FAMILIES:
         return None
     if model_type in REFUSED:
-        return f'`{model_type}` is not supported: {REFUSED[model_type]}. Use --patch_size 1.'
+        return f'`{model_type}` is not supported: {REFUSED[model_type]}. {advice}'
     return (f'model type `{model_type}` (config.json) has no patch-level training; supported: {supported_list()}. '
-            'Use --patch_size 1.')
+            f'{advice}')
 
 
 def structure(model_type: Optional[str]) -> str:

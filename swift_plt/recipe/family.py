@@ -30,10 +30,9 @@ def read_config(model_dir: str) -> dict:
 
 def check_family(model_type: Optional[str]) -> None:
     """ValueError unless HF model type ``model_type`` trains at K > 1 (the message: why not, what is supported)."""
-    refusal = plt_refusal(model_type)
+    refusal = plt_refusal(model_type, advice='The two-stage recipe trains stage 1 at patch size K > 1.')
     if refusal:
-        raise ValueError(refusal.replace(' Use --patch_size 1.', ' The two-stage recipe trains stage 1 at patch size '
-                                         'K > 1.'))
+        raise ValueError(refusal)
 
 
 def swift_model_type(hf_model_type: str) -> str:
