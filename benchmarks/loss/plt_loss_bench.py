@@ -12,7 +12,7 @@ Rows (all on the same bf16 logits [P, B, V], TP=1):
            the logits' storage (run last: it overwrites the logits)
   ce       megatron.core.tensor_parallel.vocab_parallel_cross_entropy: 1 target per row (token-level baseline)
   ce_fused megatron.core.fusions.fused_cross_entropy.fused_vocab_parallel_cross_entropy: 1 target per row
-           (what a stock ms-swift run uses: cross_entropy_loss_fusion=True, impl 'native'); torch.compile'd
+           (what a stock ms-swift run uses: cross_entropy_loss_fusion=True, impl 'native'); torch.compile'd; CUDA only
   ce_xK    vocab_parallel_cross_entropy called K times, one per target column (the naive way to do PLT)
 Time: CUDA events around forward+backward (and forward alone), after warm-up; median of --iters.
 Peak memory: torch.cuda.max_memory_allocated() during forward+backward minus memory_allocated() before it
@@ -183,13 +183,14 @@ def main():
         'plt_torch': (f'plt_token_losses torch reference (K={K})', lambda x: plt_token_losses(x, labels, K, impl='torch')),
         'ce': ('vocab_parallel_cross_entropy (1 target/row)', lambda x: vocab_parallel_cross_entropy(x, target)),
     }
-    try:
-        from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
-        tp_group = mpu.get_tensor_model_parallel_group()
-        rows['ce_fused'] = ('fused_vocab_parallel_cross_entropy (1 target/row)',
-                            lambda x: fused_vocab_parallel_cross_entropy(x, target, tp_group))
-    except Exception as e:  # pragma: no cover
-        print(f'[bench] fused CE unavailable: {e!r}')
+    if device.type == 'cuda':  # torch.compile'd: on CPU inductor builds C++ for the CPU's vector ISA, not measured here
+        try:
+            from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
+            tp_group = mpu.get_tensor_model_parallel_group()
+            rows['ce_fused'] = ('fused_vocab_parallel_cross_entropy (1 target/row)',
+                                lambda x: fused_vocab_parallel_cross_entropy(x, target, tp_group))
+        except Exception as e:  # pragma: no cover
+            print(f'[bench] fused CE unavailable: {e!r}')
     rows['ce_xK'] = (f'vocab_parallel_cross_entropy x{K} (naive PLT)',
                      lambda x: sum(vocab_parallel_cross_entropy(x, target_k[..., k]) for k in range(K)))
     if impl == 'triton':

@@ -98,6 +98,7 @@ def _close(a, b, rtol=1e-4, atol=1e-5):
     torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tp, pp, mbs', [(2, 1, 2), (1, 2, 1)])
 def test_tp2_pp2_match_one_rank(critic_dir, one_rank, tp, pp, mbs):
     """Also micro-batching: the 1-rank reference runs the batch as one micro-batch; here 2 (TP) and 4 (PP, so the

@@ -107,7 +107,10 @@ def _loads(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1, ep=1, etp=None):
+def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1, ep=1, etp=None, env=None):
+    if env is not None:  # forked from the preloaded server: the caller's environment, as a spawned child has it
+        os.environ.clear()
+        os.environ.update(env)
     try:
         init_megatron(rank=rank, world_size=world_size, tp=tp, pp=pp, port=port, seed=seed, cp=cp, ep=ep, etp=etp)
         result = fn(*args)
@@ -122,22 +125,50 @@ def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1, ep=1, e
             pass
 
 
+# Environment that install() reads when it runs (in the preloaded server, once): a caller that sets one gets fresh
+# interpreters instead.
+_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_INSTALL_ENV = ('SWIFT_PLT_CPU_PACK_AS_CP', 'SWIFT_PLT_CPU_CP_ATTENTION', 'SWIFT_PLT_CPU_HARNESS_JIT')
+
+
+def _context(fresh: bool):
+    """Where ranks come from: a forkserver that ran ``install()`` and imported the stack once (``_preload``), so a
+    rank costs a fork instead of ~15 s of imports; or, with ``fresh`` (or ``SWIFT_PLT_HARNESS_FRESH=1``), a new
+    interpreter per rank."""
+    import torch.multiprocessing as mp
+    if fresh or os.environ.get('SWIFT_PLT_HARNESS_FRESH') == '1' or any(os.environ.get(k) for k in _INSTALL_ENV):
+        return mp.get_context('spawn'), None
+    from multiprocessing import forkserver
+    ctx = mp.get_context('forkserver')
+    ctx.set_forkserver_preload(['harness._preload'])  # no effect once the server runs
+    # the server imports the preload with its own sys.path (the caller's is not passed on), so `harness` must be
+    # found through PYTHONPATH when it starts; a failed preload import is silent (ranks would import it all again)
+    before = os.environ.get('PYTHONPATH')
+    os.environ['PYTHONPATH'] = os.pathsep.join([_TESTS_DIR] + ([before] if before else []))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            os.environ.pop('PYTHONPATH')
+        else:
+            os.environ['PYTHONPATH'] = before
+    return ctx, dict(os.environ, OMP_NUM_THREADS=cpu_threads())
+
+
 def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: int = 42,
-          timeout: float = 300, cp: int = 1, ep: int = 1, etp: Optional[int] = None) -> List[Any]:
+          timeout: float = 300, cp: int = 1, ep: int = 1, etp: Optional[int] = None, fresh: bool = False) -> List[Any]:
     """Run ``fn(*args)`` in ``world_size`` fresh processes joined in a gloo group with megatron parallel state
     ``(tp, pp, cp, ep, etp)`` initialised (see ``init_megatron``); return the per-rank results (rank order).
 
     ``fn`` and ``args`` must be picklable (``fn`` defined at module level). Results travel through ``torch.save``,
-    so tensors are fine. A fresh interpreter per rank also isolates megatron's global state (and the RoPE hazard,
-    see ``patches``) from the caller. Raises ``RuntimeError`` with the failing rank's traceback, or on timeout.
+    so tensors are fine. A new process per rank (forked from the preloaded server, see ``_context``) also isolates
+    megatron's global state (and the RoPE hazard, see ``patches``) from the caller and from other calls. Raises ``RuntimeError`` with the failing rank's traceback, or on timeout.
     """
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context('spawn')
+    ctx, env = _context(fresh)
     queue = ctx.SimpleQueue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue, cp, ep, etp))
+        ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue, cp, ep, etp, env))
         for rank in range(world_size)
     ]
     env_before = os.environ.get('OMP_NUM_THREADS')

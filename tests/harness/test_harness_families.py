@@ -79,6 +79,7 @@ _LAYOUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', list(_LAYOUTS))
 def test_qwen3_moe_layouts_match_one_rank(family_dir, one_rank_logits, input_ids, layout):
     world, kwargs, extra, fc1_shape, local_experts = _LAYOUTS[layout]

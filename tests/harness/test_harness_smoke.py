@@ -110,7 +110,7 @@ def _logits_worker(hf_dir, input_ids, tp, pp):
 
 
 def test_install_in_fresh_process(tiny_llama):
-    checks, plugin = spawn(_install_worker, 1, tiny_llama)[0]
+    checks, plugin = spawn(_install_worker, 1, tiny_llama, fresh=True)[0]
     assert checks['standins_left'] == []  # stand-ins never stay in sys.modules
     assert checks['megatron_have_te'] == (False, False)  # megatron-core still sees TE as absent
     assert checks['te_importable'] is False
@@ -121,7 +121,20 @@ def test_install_in_fresh_process(tiny_llama):
                       'ColumnParallelLinear'}
 
 
-@pytest.mark.parametrize('tp,pp,tied', [(1, 1, False), (2, 1, False), (1, 2, False), (1, 2, True)],
+def _preloaded():
+    import sys
+    return 'mcore_bridge' in sys.modules and 'swift.megatron' in sys.modules
+
+
+def test_ranks_fork_from_the_preloaded_server_unless_fresh():
+    """spawn's ranks start with the stack imported (forked from harness._preload's server, any cwd); fresh=True
+    starts a new interpreter."""
+    assert spawn(_preloaded, 2) == [True, True]
+    assert spawn(_preloaded, 1, fresh=True) == [False]
+
+
+@pytest.mark.parametrize('tp,pp,tied', [(1, 1, False)] + [pytest.param(*p, marks=pytest.mark.slow) for p in
+                                                             ((2, 1, False), (1, 2, False), (1, 2, True))],
                          ids=['tp1', 'tp2', 'pp2', 'pp2-tied'])
 def test_gpt_logits_match_hf(tiny_llama, tiny_llama_tied, input_ids, tp, pp, tied):
     hf_dir = tiny_llama_tied if tied else tiny_llama

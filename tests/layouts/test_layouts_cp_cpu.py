@@ -503,6 +503,7 @@ def _rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
 
+@pytest.mark.slow
 def test_cp2_loss_and_grads_equal_one_rank(hf_dir, model_cases, one_rank):
     results = spawn(_model_worker, 2, hf_dir, model_cases, cp=2, timeout=900)
     for i, case in enumerate(model_cases):
@@ -517,6 +518,7 @@ def test_cp2_loss_and_grads_equal_one_rank(hf_dir, model_cases, one_rank):
             assert worst <= 1e-5, name
 
 
+@pytest.mark.slow
 def test_mutation_shift_after_split_changes_the_model_loss(hf_dir, model_cases, one_rank):
     results = spawn(_model_worker, 2, hf_dir, model_cases[:1], 'shift_after_split', cp=2, timeout=900)
     print('shift after split: loss', results[0][0]['loss'], 'vs 1 rank', one_rank[0]['loss'])
@@ -528,6 +530,7 @@ def _swiglu_fc1(a, b):
     return torch.cat([a.view(2, -1, a.shape[-1]), b.view(2, -1, b.shape[-1])], 1).view(-1, a.shape[-1])
 
 
+@pytest.mark.slow
 def test_cp2_tp2_loss_and_grads_equal_one_rank(hf_dir, model_cases, one_rank):
     """4 gloo ranks, CP=2 x TP=2 (vocab-parallel PLT loss inside each CP rank), packed and padded zigzag."""
     cases = model_cases[:1] + model_cases[2:3]
@@ -605,6 +608,7 @@ def critic_dir(tmp_path_factory, hf_dir):
     return make_tiny_critic(str(tmp_path_factory.mktemp('critic')), hf_dir)
 
 
+@pytest.mark.slow
 def test_critic_engine_cp2_equals_one_rank(critic_dir):
     """Values gathered to [B, S-1] on every CP rank, one clipped-loss update with 2 micro-batches: the same values,
     metrics, gradient norm and updated values as 1 rank (fp32)."""

@@ -323,6 +323,7 @@ def test_one_rank_equals_brute_force_patchtrain(hf_dir, batches, one_rank):
     assert loss == pytest.approx(ref_loss, rel=REL)
 
 
+@pytest.mark.slow
 def test_sp_stand_in_k1_stock_gpt_tp2_sp_equals_tp1(hf_dir, batches):
     """The harness stand-in itself (P13): the stock mcore-bridge GPT model (K=1, no swift-plt code on the model
     path) at TP=2 + sequence parallel == TP=1: loss, per-token losses, every gradient (final/attention/MLP norms
@@ -368,6 +369,7 @@ def test_mla_moe_padded_and_packed_equal_brute_force(mla_dir, batches):
     assert_same_step(packed, padded, 'deepseek_v3 PLT packed vs padded', outputs=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', ['tp2_sp', 'dp2_pp2_vpp2'])
 def test_plt_packed_layout_equals_one_rank(hf_dir, batches, one_rank_packed, layout):
     """Packed (THD) batches: TP=2+SP (2 ranks), and DP=2 x PP=2 x VPP=2 (4 ranks)."""
@@ -377,6 +379,7 @@ def test_plt_packed_layout_equals_one_rank(hf_dir, batches, one_rank_packed, lay
     assert_same_step(results, one_rank_packed, f'PLT K={K} packed {layout}')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', ['tp2_sp', 'dp2', 'pp2_vpp2'])
 def test_plt_layout_equals_one_rank(hf_dir, batches, one_rank, layout):
     kwargs = {'tp2_sp': dict(tp=2), 'dp2': dict(), 'pp2_vpp2': dict(pp=2)}[layout]
@@ -386,11 +389,13 @@ def test_plt_layout_equals_one_rank(hf_dir, batches, one_rank, layout):
     assert_same_step(results, one_rank, f'PLT K={K} {layout}')
 
 
+@pytest.mark.slow
 def test_plt_tp2_sp_pp2_equals_one_rank(hf_dir, batches, one_rank):
     results = spawn(_step, 4, hf_dir, 'llama3_2_plt', K, batches, None, True, tp=2, pp=2)
     assert_same_step(results, one_rank, f'PLT K={K} TP2+SP+PP2')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', ['dp2', 'pp2_vpp2'])
 def test_critic_layout_equals_one_rank(critic_dir, critic_batches, critic_one_rank, layout):
     """llama3_2_critic through MegatronCriticTrainer.forward_step: values (per token), value loss and gradients."""
@@ -401,6 +406,7 @@ def test_critic_layout_equals_one_rank(critic_dir, critic_batches, critic_one_ra
 
 
 # ---------------------------------------------------------------------------------------------------- mutations
+@pytest.mark.slow
 def test_mutation_sp_norm_grads_not_reduced_fails(hf_dir, batches, one_rank):
     """Mutation: the SP norm weights not marked sequence_parallel (their gradients stay per-rank partial sums)."""
     results = spawn(_step, 2, hf_dir, 'llama3_2_plt', K, batches, None, True, 'no_sp_norm_grad_reduce', tp=2)
@@ -408,6 +414,7 @@ def test_mutation_sp_norm_grads_not_reduced_fails(hf_dir, batches, one_rank):
         assert_same_step(results, one_rank, 'mutated')
 
 
+@pytest.mark.slow
 def test_mutation_first_patch_counted_fails_dp(hf_dir, batches):
     """Mutation: the first patch of each document not masked in the batch patch: the DP loss no longer equals the
     brute-force PatchTrain loss (its token count includes targets nothing predicts)."""

@@ -48,6 +48,7 @@ def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp
     assert torch.equal(plt1['emb_grad'], stock['emb_grad'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', DENSE)
 def test_tp2_equals_one_rank(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
@@ -81,6 +82,7 @@ def test_moe_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs,
     assert torch.equal(plt1['emb_grad'], stock['emb_grad'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout, world, dims, extra', [
     ('ep2', 2, dict(ep=2, etp=1), {}),
     ('tp2-ep2-sp', 4, dict(tp=2, ep=2, etp=1), {'sequence_parallel': True}),

@@ -75,6 +75,7 @@ def test_backend_parity_hf_model_megatron_and_patchtrain_formula(hf_dir, batch, 
     torch.testing.assert_close(hf_grad, mcore_plt['emb_grad'], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tp, pp', [(2, 1), (1, 2)])
 def test_plt_tp2_pp2_match_reference(hf_dir, batch, reference, tp, pp):
     outs = spawn(mcore_loss, 2, hf_dir, batch, K, 'llama3_2_plt', tp=tp, pp=pp)

@@ -17,7 +17,7 @@ import pytest
 REPO = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 PTH = 'swift_plt_startup.pth'
 # one worker under `pytest -n` (.ci/run): both cases build from this checkout (build/, *.egg-info): not at once
-pytestmark = pytest.mark.xdist_group('install')
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('install')]
 
 CHECK = '''
 import json, sys
