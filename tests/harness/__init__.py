@@ -7,7 +7,7 @@ Public API
   init_megatron(rank, world_size, tp, pp)     gloo + megatron parallel state in this process (dist.py)
   init_single_process_megatron(tp=1, pp=1)    the same for a world of one
   destroy_megatron()
-  spawn(fn, world_size, *args, tp, pp, cp)    run fn on N gloo ranks in fresh processes, return results
+  spawn(fn, world_size, *args, tp, pp, cp)    run fn on N gloo ranks (forked from a preloaded server), return results
   cp_attention.enable(mode)                   CPU stand-in for TE's context-parallel attention (also THD), cp_attention.py
   build_mcore_model(hf_dir, ...) -> [model]   mcore-bridge model(s) with HF weights, as ms-swift builds them (model.py)
   mcore_logits(models, input_ids)             full-vocab logits through TP gather / PP schedule
@@ -20,7 +20,7 @@ Public API
 Import it as ``harness`` with ``tests/`` on sys.path (pytest's default rootdir-relative import does that). The
 pytest process itself need not call ``install()``: ``spawn`` and ``run_cli`` install it in the processes they start.
 
-In spawned ranks (fresh interpreters, so megatron state and the RoPE hazard stay out of the caller)::
+In spawned ranks (new processes, so megatron state and the RoPE hazard stay out of the caller)::
 
     def _worker(hf_dir, input_ids):                 # module level: it is pickled by reference
         from harness import build_mcore_model, hf_logits, mcore_logits
