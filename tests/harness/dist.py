@@ -1,4 +1,5 @@
 """torch.distributed (gloo) + megatron parallel state on CPU, in this process or in N spawned processes."""
+import contextlib
 import io
 import os
 import random
@@ -125,10 +126,24 @@ def _worker(rank, world_size, tp, pp, port, seed, fn, args, queue, cp=1, ep=1, e
             pass
 
 
+_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Environment that install() reads when it runs (in the preloaded server, once): a caller that sets one gets fresh
 # interpreters instead.
-_TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _INSTALL_ENV = ('SWIFT_PLT_CPU_PACK_AS_CP', 'SWIFT_PLT_CPU_CP_ATTENTION', 'SWIFT_PLT_CPU_HARNESS_JIT')
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    """``os.environ[name] = value`` for the block (what processes started in it inherit), then as before."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
 
 
 def _context(fresh: bool):
@@ -143,26 +158,21 @@ def _context(fresh: bool):
     ctx.set_forkserver_preload(['harness._preload'])  # no effect once the server runs
     # the server imports the preload with its own sys.path (the caller's is not passed on), so `harness` must be
     # found through PYTHONPATH when it starts; a failed preload import is silent (ranks would import it all again)
-    before = os.environ.get('PYTHONPATH')
-    os.environ['PYTHONPATH'] = os.pathsep.join([_TESTS_DIR] + ([before] if before else []))
-    try:
+    pythonpath = os.environ.get('PYTHONPATH')
+    with _environ('PYTHONPATH', os.pathsep.join([_TESTS_DIR] + ([pythonpath] if pythonpath else []))):
         forkserver.ensure_running()
-    finally:
-        if before is None:
-            os.environ.pop('PYTHONPATH')
-        else:
-            os.environ['PYTHONPATH'] = before
     return ctx, dict(os.environ, OMP_NUM_THREADS=cpu_threads())
 
 
 def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: int = 42,
           timeout: float = 300, cp: int = 1, ep: int = 1, etp: Optional[int] = None, fresh: bool = False) -> List[Any]:
-    """Run ``fn(*args)`` in ``world_size`` fresh processes joined in a gloo group with megatron parallel state
+    """Run ``fn(*args)`` in ``world_size`` new processes joined in a gloo group with megatron parallel state
     ``(tp, pp, cp, ep, etp)`` initialised (see ``init_megatron``); return the per-rank results (rank order).
 
     ``fn`` and ``args`` must be picklable (``fn`` defined at module level). Results travel through ``torch.save``,
     so tensors are fine. A new process per rank (forked from the preloaded server, see ``_context``) also isolates
-    megatron's global state (and the RoPE hazard, see ``patches``) from the caller and from other calls. Raises ``RuntimeError`` with the failing rank's traceback, or on timeout.
+    megatron's global state (and the RoPE hazard, see ``patches``) from the caller and from other calls. Raises
+    ``RuntimeError`` with the failing rank's traceback, or on timeout.
     """
     ctx, env = _context(fresh)
     queue = ctx.SimpleQueue()
@@ -171,16 +181,9 @@ def spawn(fn: Callable, world_size: int, *args, tp: int = 1, pp: int = 1, seed: 
         ctx.Process(target=_worker, args=(rank, world_size, tp, pp, port, seed, fn, args, queue, cp, ep, etp, env))
         for rank in range(world_size)
     ]
-    env_before = os.environ.get('OMP_NUM_THREADS')
-    os.environ['OMP_NUM_THREADS'] = cpu_threads()  # inherited by the children before torch starts there
-    try:
+    with _environ('OMP_NUM_THREADS', cpu_threads()):  # inherited by spawned children before torch starts there
         for p in procs:
             p.start()
-    finally:
-        if env_before is None:
-            os.environ.pop('OMP_NUM_THREADS')
-        else:
-            os.environ['OMP_NUM_THREADS'] = env_before
     results, deadline, ok = {}, time.monotonic() + timeout, False
     try:
         while len(results) < world_size:
