@@ -133,6 +133,30 @@ def test_ranks_fork_from_the_preloaded_server_unless_fresh():
     assert spawn(_preloaded, 1, fresh=True) == [False]
 
 
+def test_spawn_starts_ranks_again_only_when_they_could_not_join(monkeypatch):
+    from harness import dist
+    calls = []
+
+    def failing(error):
+        def _spawn(*args, **kwargs):
+            calls.append(error)
+            if len(calls) == 1:
+                raise RuntimeError(f'rank 2 failed:\nTraceback (most recent call last):\n  ...\n{error}\n')
+            return ['ok']
+        return _spawn
+
+    monkeypatch.setattr(dist, '_spawn', failing('torch.distributed.DistNetworkError: Broken pipe'))
+    assert dist.spawn(None, 2) == ['ok'] and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(dist, '_spawn', failing('AssertionError: loss differs'))
+    with pytest.raises(RuntimeError, match='loss differs'):
+        dist.spawn(None, 2)
+    calls.clear()
+    monkeypatch.setattr(dist, '_spawn', failing('torch.distributed.DistNetworkError: Broken pipe'))
+    with pytest.raises(RuntimeError, match='Broken pipe'):
+        dist.spawn(None, 2, retry=False)
+
+
 @pytest.mark.parametrize('tp,pp,tied', [(1, 1, False)] + [pytest.param(*p, marks=pytest.mark.slow) for p in
                                                              ((2, 1, False), (1, 2, False), (1, 2, True))],
                          ids=['tp1', 'tp2', 'pp2', 'pp2-tied'])

@@ -63,13 +63,13 @@ def test_k1_is_bit_for_bit_ms_swift_without_plugin(tiny, tmp_path):
     assert len(ref) == 3 and got == ref
 
 
+# One case per CLI shows the refusal comes before step 1; the refusals themselves: tests/plugin/test_arguments.py.
 @pytest.mark.parametrize('cli, extra, model_type, message', [
-    ('megatron pt', ['--patch_size', '4'], 'llama3_2_critic', '`llama3_2_critic` is a critic (value head)'),
     ('megatron pt', ['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
      '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
     ('swift pt', ['--patch_size', '4', '--max_length', '62'], 'llama3_2_plt',
      '--max_length 62 is not a multiple of --patch_size 4 (use 60 or 64)'),
-], ids=['megatron_pt-critic', 'megatron_pt-length', 'swift_pt-length'])
+], ids=['megatron_pt-length', 'swift_pt-length'])
 @pytest.mark.slow
 def test_bad_input_fails_before_step_1(tiny, tmp_path, cli, extra, model_type, message):
     run = megatron_pt if cli == 'megatron pt' else swift_pt
