@@ -12,7 +12,10 @@
 #            against 1 GPU, and the tiny-model matrix, each layout against its 1-GPU reference on the same
 #            data/seed/global batch (PAR, default 4, 2-GPU runs at a time on the same GPUs: start-up dominates):
 #            TP2+SP, CP2 zigzag packed, CP2 zigzag THD, CP2 contiguous (must be refused), PP2+VPP2, DP2 (PLT K=4, megatron pt); critic DP2
-#            (megatron sft --model_type llama3_2_critic); critic engine CP2 (MegatronCritic, critic_checks.py).
+#            (megatron sft --model_type llama3_2_critic); critic engine CP2 (MegatronCritic, critic_checks.py);
+#            the family part (K=4, toy widths, the family's own --model_type): qwen3_moe EP2, TP2+SP, PP2 and
+#            TP2+SP x EP2; deepseek_v3 (MLA) TP2+SP and EP2; qwen3 CP2 THD (only these: LAYOUTS="moe_ep2
+#            moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2").
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
 #            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP.
 # Pass per layout: step-1 loss within LTOL (default 1e-2, bf16) of its 1-GPU reference and a falling curve. Every
@@ -58,26 +61,42 @@ else # 1 GPU: only the 1B runs (no critic, no tiny matrix)
   [ $rc = 0 ] || { check setup 1; finish; }
 fi
 
+FAMILY_LAYOUTS="moe_ep2 moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"
 if [ -z "${LAYOUTS:-}" ]; then
   case $NGPU in
   0) LAYOUTS="" ;;
   1) LAYOUTS="stream1b" ;;
-  2 | 3) LAYOUTS="tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" ;;
-  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
+  2 | 3) LAYOUTS="tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS" ;;
+  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
   esac
 fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
 say "layouts: ${LAYOUTS:-(none)}"
-[ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2" \
+[ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS" \
   "2-GPU part: needs 2 GPUs, $NGPU visible"
 [ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp" "4-GPU part: needs 4 GPUs, $NGPU visible"
 
 # ------------------------------------------------------------------------------------------------ runs
-TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_path custom_model/llama.py --patch_size 4
-  --template llama --dataset "$TINY/data/train.jsonl" --max_length 512 --attention_backend fused --micro_batch_size 2
-  --global_batch_size 8 --seed 42 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 2 --bf16 true --torch_dtype bfloat16
-  --logging_steps 1 --train_iters "$ITERS" --save_steps 1000000 --no_save_optim true --no_save_rng true
-  --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 4 --report_to tensorboard)
+TINY_COMMON=(--patch_size 4 --dataset "$TINY/data/train.jsonl" --max_length 512 --attention_backend fused
+  --micro_batch_size 2 --global_batch_size 8 --seed 42 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 2 --bf16 true
+  --torch_dtype bfloat16 --logging_steps 1 --train_iters "$ITERS" --save_steps 1000000 --no_save_optim true
+  --no_save_rng true --save_safetensors false --dataloader_num_workers 2 --dataset_num_proc 4 --report_to tensorboard)
+TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_path custom_model/llama.py
+  --template llama "${TINY_COMMON[@]}")
+# the family part: toy-width models of three structures (tests/gpu/make_family_configs.py --tiny), K=4, the stock
+# `--model_type` of each family (mcore gpt_plt): qwen3_moe (8 experts, top-2), deepseek_v3 (MLA, shared expert,
+# group-limited sigmoid routing, a dense first layer), qwen3 (QK-norm)
+FAM=$W/families
+declare -A FAM_DIR=([moe]=qwen3-30b-a3b-cut [mla]=deepseek-v3-cut [qwen3]=qwen3-1.7b)
+declare -A FAM_TYPE=([moe]=qwen3_moe [mla]=deepseek_v3 [qwen3]=qwen3)
+base_args() { # base_args NAME: BASE=(the run's model and data flags): NAME's prefix moe_/mla_/qwen3_ = a family
+  local fam=${1%%_*}
+  if [ -n "${FAM_TYPE[$fam]:-}" ]; then
+    BASE=(--model "$FAM/${FAM_DIR[$fam]}" --model_type "${FAM_TYPE[$fam]}" --template default "${TINY_COMMON[@]}")
+  else
+    BASE=("${TINY_ARGS[@]}")
+  fi
+}
 CRITIC_ARGS=(--model "$W/critic" --model_type llama3_2_critic --custom_register_path custom_model/llama.py
   --template chatml --dataset "$W/reward.jsonl" --max_length 256 --micro_batch_size 4 --global_batch_size 16 --seed 42
   --attention_backend fused --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --torch_dtype bfloat16 --logging_steps 1
@@ -253,11 +272,24 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     P1B=$!
   fi
   # the 1-GPU references (THD default on GPU 0; --packing and the critic on GPU 1)
-  spawn ref 0 200 pt -- "${TINY_ARGS[@]}"
+  if want tp2_sp || want cp2_thd || want pp2_vpp2 || want dp2; then spawn ref 0 200 pt -- "${TINY_ARGS[@]}"; fi
   # the --packing reference pads documents as the CP2 run does, so it packs the same rows (tests/gpu/pack_as_cp)
   want cp2_zigzag_packed && PYTHONPATH=$REPO/tests/gpu/pack_as_cp${PYTHONPATH:+:$PYTHONPATH} SWIFT_PLT_CPU_PACK_AS_CP=2 \
     spawn ref_packed 1 200 pt -- "${TINY_ARGS[@]}" --packing true
   want critic_dp2 && spawn critic_ref 1 200 sft -- "${CRITIC_ARGS[@]}"
+  fam_refs=()
+  for f in moe mla qwen3; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
+  if [ ${#fam_refs[@]} -gt 0 ]; then
+    dirs=$(for f in "${fam_refs[@]}"; do echo "${FAM_DIR[$f]}"; done | paste -sd,)
+    python3 tests/gpu/make_family_configs.py --tiny --out "$FAM" --only "$dirs" >"$OUT/make_families.log" 2>&1
+    say "families: rc=$? $dirs (toy widths) -> $FAM; $(now)"
+    g=0
+    for f in "${fam_refs[@]}"; do
+      base_args "${f}_"
+      spawn "${f}_ref" $g 200 pt -- "${BASE[@]}"
+      g=$((1 - g))
+    done
+  fi
   want critic_engine_cp2 && engine engine_1gpu 0 1
   # the 2-GPU layouts: NAME|REF|LABEL|flags (REF '-' = checked on its own below)
   MATRIX=(
@@ -269,6 +301,13 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "dp2|ref|DP2 (same global batch 8)|"
     "critic_dp2|critic_ref|critic DP2 (scalar rewards)|"
     "critic_engine_cp2|engine_1gpu|critic engine CP2 (MegatronCritic)|"
+    "moe_ep2|moe_ref|qwen3_moe EP2|--expert_model_parallel_size 2"
+    "moe_tp2_sp|moe_ref|qwen3_moe TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
+    "moe_pp2|moe_ref|qwen3_moe PP2|--pipeline_model_parallel_size 2"
+    "moe_tp2_ep2|moe_ref|qwen3_moe TP2+SP x EP2 (expert TP 1)|--tensor_model_parallel_size 2 --sequence_parallel true --expert_model_parallel_size 2 --expert_tensor_parallel_size 1"
+    "mla_tp2_sp|mla_ref|deepseek_v3 (MLA) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
+    "mla_ep2|mla_ref|deepseek_v3 (MLA) EP2|--expert_model_parallel_size 2"
+    "qwen3_cp2|qwen3_ref|qwen3 CP2 zigzag, padding-free (THD)|--context_parallel_size 2"
   )
   n_wave=0 # 2-GPU runs in this wave (the first wave also has the references)
   for entry in "${MATRIX[@]}"; do
@@ -284,14 +323,17 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     case $name in
     critic_dp2) spawn critic_dp2 0,1 200 sft -- "${CRITIC_ARGS[@]}" ;;
     critic_engine_cp2) engine engine_cp2 0,1 2 '{"context_parallel_size": 2}' ;;
-    *) spawn "$name" 0,1 200 pt -- "${TINY_ARGS[@]}" $flags ;;
+    *)
+      base_args "$name"
+      spawn "$name" 0,1 200 pt -- "${BASE[@]}" $flags
+      ;;
     esac
     n_wave=$((n_wave + 1))
   done
   wait "${PIDS[@]}" $P1B
   say "-- all runs done, $(now)"
   for f in "$W"/*.rc; do say "   $(basename "$f" .rc): $(cat "$f")"; done
-  $SUMPY curve "   ref curve" "$R/ref" "$OUT/ref.log" 2>&1 | tee -a "$SUM"
+  [ -d "$R/ref" ] && $SUMPY curve "   ref curve" "$R/ref" "$OUT/ref.log" 2>&1 | tee -a "$SUM"
 
   for entry in "${MATRIX[@]}"; do
     IFS='|' read -r name ref label flags <<<"$entry"

@@ -10,6 +10,7 @@
 #     "t=<elapsed>s"
 #   dev IDX[,IDX]: the CUDA_VISIBLE_DEVICES value for the script's GPU indices 0, 1, ... (the GPUs the caller made
 #     visible, else all), so a script asking for GPU 1 gets the second visible GPU
+#   gpu_id IDX: which physical GPU the script's GPU IDX is ("GPU<index> <name> <uuid>"; "cpu (dry run)")
 #   check LABEL RC / skip LABEL WHY / finish: count a check (RC 0 = pass), report a skipped part with a SKIP line,
 #     and end with the verdict line "TAG: OK (n/n)" or "TAG: FAIL (p/n; failed: ...)" (exit 0 / 1); TAG is
 #     $GPU_TAG if the script set it, else NAME in capitals
@@ -124,6 +125,15 @@ dev() { # dev 0 | dev 0,1: CUDA_VISIBLE_DEVICES for the script's GPU indices
   IFS=, read -r -a idx <<<"$1"
   for i in "${idx[@]}"; do out+=("${ids[$i]}"); done
   (IFS=,; echo "${out[*]}")
+}
+
+gpu_id() { # gpu_id IDX: index, name and UUID of the script's GPU IDX (which card a run used)
+  if [ "${SWIFT_PLT_GPU_DRY_RUN:-0}" = 1 ]; then
+    echo "cpu (dry run)"
+    return
+  fi
+  nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader -i "$(dev "$1")" 2>/dev/null |
+    awk -F', ' '{print "GPU" $1 " " $2 " " $3}' || echo "GPU $(dev "$1") (nvidia-smi failed)"
 }
 
 check() { # check LABEL RC

@@ -10,8 +10,8 @@
 #     a. PLT K=4, THD (padding_free default), 60 iters; 10-iter variants --padding_free false and --packing true:
 #        each loss curve must fall
 #     c. K=1 identity: llama3_2_plt --patch_size 1 vs stock --model_type llama with the plugin disabled
-#        (SWIFT_PLT_DISABLE=1, i.e. upstream ms-swift): printed loss and grad_norm strings identical at every step;
-#        a repeat of the stock run is the control (when upstream itself is not run-to-run identical on this machine
+#        (SWIFT_PLT_DISABLE=1, i.e. upstream ms-swift), both on GPU 0: printed loss and grad_norm strings identical at
+#        every step; a repeat of the stock run on GPU 0 is the control (when upstream itself is not run-to-run identical on this machine
 #        the comparison says so and is not counted; k1_identity.sh has deterministic-mode controls)
 #     d. parity.py: the Megatron PLT model (llama3_2_plt) vs PatchTrain's formula on HF LlamaForCausalLM, K=1 vs
 #        stock GPT (random init and after a.'s 60 steps); the other families: families.sh
@@ -23,7 +23,8 @@
 # Budget: BUDGET seconds in all (default 560: the sequence takes ~5 min on an H100/H200; a step past its cap is
 # killed whole, not waited for). env: OUT, BUDGET, NGPU (use only the first n GPUs), PHASE1_CAP/PHASE2_CAP/PHASE3_CAP
 # (s), RUN_TPS=1, TPS_MIN_LEFT (s), PLT_WORK (scratch dir, emptied), EXTRA_PT_ARGS (appended to every `megatron pt`;
-# the last flag wins), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh).
+# the last flag wins), K1_MUTATION (appended to c.'s PLT run only: c. must then fail), SWIFT_PLT_GPU_ENV,
+# SWIFT_PLT_GPU_DRY_RUN (lib.sh).
 set -o pipefail
 set -m # every background job gets its own process group, so a job past its deadline can be killed whole
 
@@ -78,6 +79,7 @@ pt() { # pt NAME GPUS NPROC PORT [VAR=VALUE ...] -- megatron-pt-args...
   shift
   od=$W/runs/$name
   mkdir -p "$od" "$W/cache/$name"
+  [ "$nproc" = 1 ] && gpu_id "$gpus" >"$od/gpu"
   # own dataset caches: concurrent runs must not race on the same datasets cache files
   # shellcheck disable=SC2086
   env "${envs[@]}" CUDA_VISIBLE_DEVICES="$(dev "$gpus")" NPROC_PER_NODE="$nproc" MASTER_PORT="$port" \
@@ -98,8 +100,10 @@ launch pt a_main 0 1 29601 -- "${PLT[@]}" --patch_size 4 --train_iters 60
 launch pt a_nopf 0 1 29602 -- "${PLT[@]}" --patch_size 4 --train_iters 10 --padding_free false
 launch pt a_pack "$G1" 1 29603 -- "${PLT[@]}" --patch_size 4 --train_iters 10 --packing true
 [ "$NGPU" -ge 2 ] && launch pt b_ref 1 1 29604 -- "${PLT[@]}" --patch_size 4 --train_iters 10
-launch pt c_plt1 0 1 29605 -- "${PLT[@]}" --patch_size 1 --train_iters 10
-launch pt c_stock "$G1" 1 29606 SWIFT_PLT_DISABLE=1 -- --model_type llama --train_iters 10
+# c.: all three on GPU 0 (bit for bit holds on one card; across cards: k1_identity.sh)
+# shellcheck disable=SC2086
+launch pt c_plt1 0 1 29605 -- "${PLT[@]}" --patch_size 1 --train_iters 10 ${K1_MUTATION:-}
+launch pt c_stock 0 1 29606 SWIFT_PLT_DISABLE=1 -- --model_type llama --train_iters 10
 launch pt c_stock_rep 0 1 29607 SWIFT_PLT_DISABLE=1 -- --model_type llama --train_iters 10
 wait_jobs "${PHASE1_CAP:-300}"
 ran_ok() { for n in "$@"; do [ "$(cat "$R/$n/rc" 2>/dev/null)" = 0 ] || return 1; done; } # exit 0, not cut short

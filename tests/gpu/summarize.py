@@ -4,10 +4,11 @@
     summarize.py curve   LABEL RUN_DIR LOG                       first/last loss, falling?
     summarize.py compare TOL REF_LABEL=REF_DIR LABEL=DIR ...     step-1 loss of each, relative diffs to the reference
     summarize.py same    LABEL_A=DIR_A LABEL_B=DIR_B              loss / grad_norm strings identical at every step?
+    summarize.py close   RTOL LABEL_A=DIR_A LABEL_B=DIR_B         loss / grad_norm within RTOL (relative) at every step?
     summarize.py tps     LABEL=DIR:TOKENS_PER_STEP ... [--warm N]  tokens/s over the steps after warm-up, ratios
 
 RUN_DIR is the --output_dir of the run (logging.jsonl sits in its v*-<time>/ subfolder); it holds `rc` and `secs`
-written by run_all.sh; with $LOGDIR set, a failed run's last error line is taken from $LOGDIR/<basename RUN_DIR>.log. Values are compared as the exact strings ms-swift printed (logging.jsonl holds the same
+written by run_all.sh, and `gpu` (which card ran it) where the script wrote one; with $LOGDIR set, a failed run's last error line is taken from $LOGDIR/<basename RUN_DIR>.log. Values are compared as the exact strings ms-swift printed (logging.jsonl holds the same
 repr as the console line; ms-swift rounds floats to 8 decimals, finer than an fp32 ulp of a loss around 1-10).
 """
 import glob
@@ -50,7 +51,8 @@ def meta(run_dir):
     err = ''
     if rc != '0' and os.environ.get('LOGDIR'):  # run_all.sh logs run NAME to $LOGDIR/NAME.log
         err = f' [{last_error(os.path.join(os.environ["LOGDIR"], os.path.basename(os.path.normpath(run_dir)) + ".log"))}]'
-    return f'rc={rc} {rd("secs")}s{err}'
+    gpu = rd('gpu')
+    return f'rc={rc} {rd("secs")}s{"" if gpu == "?" else " on " + gpu}{err}'
 
 
 def last_error(log):
@@ -142,6 +144,30 @@ def cmd_same(arg_a, arg_b):
     return 0 if ident else 1
 
 
+def cmd_close(rtol, arg_a, arg_b):
+    """Runs on different GPUs: the same numbers up to rounding, not bit for bit (kernels may differ per card)."""
+    rtol = float(rtol)
+    (la, da), (lb, db) = split_arg(arg_a), split_arg(arg_b)
+    a, b = read_rows(da), read_rows(db)
+    if not a or not b or len(a) != len(b):
+        print(f'{la} vs {lb}: {la} {meta(da)} {len(a)} steps, {lb} {meta(db)} {len(b)} steps: NOT COMPARABLE')
+        return 1
+    bs = {r['step']: r['json'] for r in b}
+    worst = {'loss': 0.0, 'grad_norm': 0.0}
+    for r in a:
+        o = bs.get(r['step'])
+        if o is None:
+            print(f'{la} vs {lb}: step {r["step"]} missing in {lb}: NOT COMPARABLE')
+            return 1
+        for k in worst:
+            x, y = float(r['json'][k]), float(o[k])
+            worst[k] = max(worst[k], abs(x - y) / max(abs(y), 1e-12))
+    ok = max(worst.values()) <= rtol
+    print(f'{la} ({meta(da)}) vs {lb} ({meta(db)}): {len(a)} steps, max rel diff loss {worst["loss"]:.2e}, '
+          f'grad_norm {worst["grad_norm"]:.2e} -> {"CLOSE" if ok else "NOT CLOSE"} (rtol {rtol:g})')
+    return 0 if ok else 1
+
+
 def cmd_tps(args):
     warm = 5
     if '--warm' in args:
@@ -179,6 +205,8 @@ def main(argv):
         return cmd_compare(args[0], args[1], args[2:])
     if cmd == 'same':
         return cmd_same(*args)
+    if cmd == 'close':
+        return cmd_close(*args)
     if cmd == 'tps':
         return cmd_tps(args)
     raise SystemExit(__doc__)
