@@ -2,8 +2,8 @@
 ``llama3_2_critic`` (Llama checkpoints), ``qwen3_critic``, ``qwen3_moe_critic``.
 
 Interface (stable; see docs/critic.md "Model, initialisation, formats"):
-  CRITIC_MODEL_TYPE = 'llama3_2_critic'   the first critic model type (``--model_type llama3_2_critic
-                                           --custom_register_path custom_model/llama.py``)
+  CRITIC_MODEL_TYPE = 'llama3_2_critic'   the first critic model type (``--model_type llama3_2_critic``; every
+                                           critic type is registered when the plugin activates)
   swift_plt.critic.families CRITIC_FAMILIES: critic model type -> family (HF model_type, template, arch)
   swift_plt.critic.model    CriticModelConfig, CriticGPTModel, CriticModelLoader, CriticBridge, values(output)
                             (imports mcore-bridge, i.e. Transformer Engine; on CPU only under tests/harness)

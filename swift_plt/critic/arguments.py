@@ -26,8 +26,7 @@ def resolve_critic_args(args) -> None:
     if not is_critic(args):
         if clip is not None:
             raise ValueError(f'--value_clip_range trains a critic: use --model_type {CRITIC_MODEL_TYPE} (or the '
-                             'critic of your family, e.g. qwen3_critic) --custom_register_path custom_model/llama.py, '
-                             'or drop --value_clip_range.')
+                             'critic of your family, e.g. qwen3_critic), or drop --value_clip_range.')
         return
     if clip is not None and not clip >= 0:
         raise ValueError(f'--value_clip_range must be >= 0, got {clip}.')

@@ -6,6 +6,7 @@ A critic is the family's own decoder with a ``[1, H]`` value head; its HF format
 and the installed transformers has a ``*ForTokenClassification`` for its ``model_type`` (checked when a checkpoint
 is loaded: ``swift_plt.critic.keys.token_classification_class``).
 """
+import difflib
 from typing import NamedTuple, Optional
 
 from swift_plt.critic import CRITIC_MODEL_TYPE
@@ -51,3 +52,18 @@ def family_refusal(critic_type: str, hf_model_type: Optional[str]) -> Optional[s
 
 def supported_list() -> str:
     return ', '.join(f'{f.hf_model_type} ({k})' for k, f in CRITIC_FAMILIES.items())
+
+
+def unknown_critic_refusal(model_type: Optional[str]) -> Optional[str]:
+    """What to do about an unknown ``--model_type`` meant as a critic type (it names 'critic' or is close to one);
+    None for any other name (upstream's error stands)."""
+    if not isinstance(model_type, str) or model_type in CRITIC_FAMILIES:
+        return None
+    name = model_type.strip().lower().replace('-', '_')
+    close = difflib.get_close_matches(name, list(CRITIC_FAMILIES), n=1, cutoff=0.8)
+    if 'critic' not in name and not close:
+        return None
+    hint = f' (did you mean {close[0]}?)' if close else ''
+    types = ', '.join(f'{k} ({f.hf_model_type})' for k, f in CRITIC_FAMILIES.items())
+    return (f'--model_type {model_type} is unknown{hint}. The critic model types (checkpoint family, '
+            f'config.json `model_type`): {types}. Pass the critic of your checkpoint\'s family.')

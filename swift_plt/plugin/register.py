@@ -1,6 +1,8 @@
 """Registration of ``llama3_2_plt`` and the critic types (``llama3_2_critic``, ``qwen3_critic``, ...) with ms-swift
 (HF side) and mcore-bridge (Megatron side), and of ``gpt_plt``, the mcore-bridge model type every `gpt` family
-trains through at K > 1. Idempotent."""
+trains through at K > 1. Idempotent. The plugin registers them when it activates (``register_hf``: ms-swift's model
+registry imported; ``register_megatron``: ms-swift's Megatron arguments imported), so no ``--custom_register_path``
+is needed; ``custom_model/llama.py`` (``register_all``) re-registers them harmlessly."""
 from swift_plt import PLT_MODEL_TYPE
 
 
@@ -99,8 +101,23 @@ def register_critic_mcore() -> bool:
     return True
 
 
-def register_all() -> None:
+def plugin_model_types() -> tuple:
+    """Every model type registered here with ms-swift: ``llama3_2_plt`` and the critic types."""
+    from swift_plt.critic.families import CRITIC_FAMILIES
+    return (PLT_MODEL_TYPE, *CRITIC_FAMILIES)
+
+
+def register_hf() -> None:
+    """ms-swift side of ``plugin_model_types()`` (cheap: no mcore-bridge import)."""
     register_swift()
-    register_mcore()
     register_critic_swift()
-    register_critic_mcore()
+
+
+def register_megatron() -> bool:
+    """mcore-bridge side of ``plugin_model_types()``; False without mcore-bridge."""
+    return register_mcore() and register_critic_mcore()
+
+
+def register_all() -> None:
+    register_hf()
+    register_megatron()

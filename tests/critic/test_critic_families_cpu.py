@@ -281,14 +281,13 @@ def test_converters_on_family_trunk(family, fmt, family_dirs, input_ids, tmp_pat
 # ------------------------------------------------------------------------------------------------ CLI
 @pytest.mark.slow
 def test_megatron_sft_qwen3_critic(family_dirs, tmp_path):
-    """`megatron sft --model_type qwen3_critic` from a qwen3 causal LM: the head starts at zero, the value loss is
-    finite and falls."""
+    """`megatron sft --model_type qwen3_critic` from a qwen3 causal LM, without --custom_register_path (the plugin
+    registers the critic types): the head starts at zero, the value loss is finite and falls."""
     from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
     from harness.critic_rows import write_critic_jsonl
-    custom = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'custom_model', 'llama.py')
     data = write_critic_jsonl(tmp_path / 'reward.jsonl')
     argv = ['megatron', 'sft', '--model', family_dirs('qwen3'), '--model_type', 'qwen3_critic', '--template', 'chatml',
-            '--custom_register_path', custom, '--dataset', str(data), '--max_length', '128', '--train_iters', '4',
+            '--dataset', str(data), '--max_length', '128', '--train_iters', '4',
             '--micro_batch_size', '4', '--global_batch_size', '8', '--lr', '5e-3', '--lr_warmup_iters', '0',
             '--lr_decay_style', 'constant', '--logging_steps', '1', '--seed', '7', '--torch_dtype', 'float32',
             '--fp16', 'false', '--bf16', 'false', '--save_steps', '1000', '--no_save_optim', 'true',

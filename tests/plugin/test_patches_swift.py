@@ -20,11 +20,13 @@ def _python(code, **env):
 
 
 def test_startup_hook_patches_on_import_and_opt_out():
-    code = ('import swift.template.base as b, swift.pipelines.train.sft as s;'
+    """Patched on import, and the plugin's model types registered (no --custom_register_path); opted out: neither."""
+    code = ('import swift.template.base as b, swift.pipelines.train.sft as s; from swift.model import MODEL_MAPPING;'
             'print(getattr(b.Template._encode_truncated, "_swift_plt", False),'
-            ' getattr(s.SwiftSft._prepare_template, "_swift_plt", False))')
-    assert _python(code).stdout.split()[-2:] == ['True', 'True']
-    assert _python(code, SWIFT_PLT_DISABLE='1').stdout.split()[-2:] == ['False', 'False']
+            ' getattr(s.SwiftSft._prepare_template, "_swift_plt", False),'
+            ' "qwen3_moe_critic" in MODEL_MAPPING, "llama3_2_plt" in MODEL_MAPPING)')
+    assert _python(code).stdout.split()[-4:] == ['True', 'True', 'True', 'True']
+    assert _python(code, SWIFT_PLT_DISABLE='1').stdout.split()[-4:] == ['False', 'False', 'False', 'False']
 
 
 def test_startup_hook_does_not_import_heavy_modules():

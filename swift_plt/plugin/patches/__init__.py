@@ -11,12 +11,14 @@ from swift_plt.plugin.patches import (
                                       swift_megatron_trainers_utils,
                                       swift_megatron_utils,
                                       swift_megatron_utils_megatron_lm_utils,
+                                      swift_model,
                                       swift_pipelines_train_sft,
                                       swift_template,
                                       transformers_trainer,
 )
 
 PATCHES = [
+    swift_model,  # the plugin's model types registered with ms-swift; a misspelt critic type gets the critic types
     swift_megatron_arguments,  # --patch_size, --value_clip_range on MegatronArguments (+ validation before step 1)
     swift_arguments_base_args,  # --patch_size on every HF-side command, K handed to the model loader
     swift_megatron_utils,  # get_padding_to: batch length multiple of K * upstream multiple

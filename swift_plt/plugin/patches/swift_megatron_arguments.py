@@ -1,5 +1,6 @@
 """ms-swift ``MegatronArguments``: adds ``--patch_size`` and ``--value_clip_range`` (critic).
 ``_init_distributed`` (the end of upstream ``__post_init__``): resolves and checks both before torch.distributed starts.
+On import, registers the plugin's model types with mcore-bridge (``register_megatron``), which this module imports.
 """
 from dataclasses import dataclass, field
 from typing import Optional
@@ -13,6 +14,8 @@ VERIFIED = 'ms-swift 4.6.0'
 
 def apply(module):
     check_once(('ms-swift', 'mcore-bridge', 'megatron-core'))
+    from swift_plt.plugin.register import register_megatron
+    register_megatron()
     upstream = module.MegatronArguments
     if has_field(upstream, 'patch_size', VERIFIED) | has_field(upstream, 'value_clip_range', VERIFIED):
         return
