@@ -7,6 +7,8 @@ from swift_plt.compat.transformers import hf_rope_guard
 from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_config_portable
 
 FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
+# the structures of the other families, built on demand (tests/models/test_families_cpu.py)
+MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe')
 
 _COMMON: Dict[str, Any] = dict(
     hidden_size=64,
@@ -39,17 +41,52 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
                          moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
                          topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, num_nextn_predict_layers=0,
                          scoring_func='sigmoid', topk_method='noaux_tc')),
+    # --- structures of the other families (tests/models/test_families_cpu.py; their published shapes run on the GPU,
+    # tests/gpu/make_family_configs.py) ---
+    # partial rotary (half of head_dim), qkv bias, QK-norm (GLM-4.5), sigmoid routing with expert bias and scaling,
+    # a shared expert, one dense first layer
+    'glm4_moe': ('Glm4MoeConfig', 'Glm4MoeForCausalLM',
+                 dict(head_dim=32, partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=True,
+                      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                      first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.5,
+                      norm_topk_prob=True)),
+    # MLA without q-LoRA (DeepSeek-V2-Lite: a full q_proj), YaRN with mscale = mscale_all_dim, softmax routing
+    # (greedy top-k, no renormalisation), two shared experts, one dense first layer
+    'deepseek_v2': ('DeepseekV2Config', 'DeepseekV2ForCausalLM',
+                    dict(num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1, topk_method='greedy',
+                         n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0,
+                         rope_scaling=dict(type='yarn', factor=40, beta_fast=32, beta_slow=1, mscale=0.707,
+                                           mscale_all_dim=0.707, original_max_position_embeddings=128))),
+    # GLM-4.7-Flash: MLA with q-LoRA and v_head_dim != qk_nope_head_dim, sigmoid routing with expert bias
+    'glm4_moe_lite': ('Glm4MoeLiteConfig', 'Glm4MoeLiteForCausalLM',
+                      dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+                           qk_nope_head_dim=16, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                           topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True)),
+    # dots.llm1: QK-norm, sigmoid routing with expert bias, two shared experts, one dense first layer
+    'dots1': ('Dots1Config', 'Dots1ForCausalLM',
+              dict(head_dim=32, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                   n_shared_experts=2, first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.5,
+                   norm_topk_prob=True, sliding_window=None)),
+    # ERNIE-4.5: interleaved rotary, head_dim != hidden / heads, tied embeddings
+    'ernie4_5': ('Ernie4_5Config', 'Ernie4_5ForCausalLM', dict(head_dim=32, tie_word_embeddings=True)),
+    # ERNIE-4.5-MoE: interleaved rotary, softmax routing renormalised, two shared experts, MoE from layer 1, tied
+    'ernie4_5_moe': ('Ernie4_5_MoeConfig', 'Ernie4_5_MoeForCausalLM',
+                     dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
+                          moe_layer_start_index=1, moe_layer_end_index=-1, tie_word_embeddings=True)),
 }
 
 
 def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int = 0, **overrides) -> str:
-    """Write a random-init fp32 HF causal LM of ``family`` (one of ``FAMILIES``) and its BPE tokenizer (``<unk> <s>
-    </s> <pad>`` = ids 0..3) to ``out_dir``; return it. ``overrides`` replace config fields."""
+    """Write a random-init fp32 HF causal LM of ``family`` (one of ``FAMILIES + MORE_FAMILIES``) and its BPE
+    tokenizer (``<unk> <s> </s> <pad>`` = ids 0..3) to ``out_dir``; return it. ``overrides`` replace config fields."""
     import torch
     import transformers
 
     if family not in _SPECS:
-        raise ValueError(f'unknown family {family!r}; one of {FAMILIES}')
+        raise ValueError(f'unknown family {family!r}; one of {FAMILIES + MORE_FAMILIES}')
     if vocab_size < 300:
         raise ValueError('vocab_size must be >= 300 (256 byte tokens + specials + merges).')
     config_cls, model_cls, extra = _SPECS[family]

@@ -3,16 +3,19 @@
 # (SWIFT_PLT_DISABLE=1 = upstream ms-swift), 10 steps of the tiny Llama, bit for bit on the SAME GPU:
 #     bash tests/gpu/k1_identity.sh      (summary: $OUT/k1_summary.txt; $OUT default ./gpu_results/k1_identity)
 # On each GPU used (NGPU, at most K1_GPUS, default 2) six runs at once: PLT K=1, stock, and a repeat of stock (the
-# control), each with Transformer Engine's default algorithms and with deterministic ones
-# (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 + megatron deterministic_mode). Checks, each on one GPU:
+# control), each with deterministic settings (DET_ENV: Transformer Engine's deterministic algorithms,
+# NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; TORCHINDUCTOR_DETERMINISTIC=1, since megatron's fused SwiGLU / bias-dropout-add
+# are torch.compile'd and inductor otherwise picks kernels by timing them, which differs between concurrent runs;
+# megatron deterministic_mode) and with the defaults. Checks, each on one GPU:
 #   det:<gpu>     deterministic PLT K=1 = stock: printed loss and grad_norm strings identical at every step; its control
 #                 (stock = stock repeat) must be identical too, else the check fails (the GPU is not deterministic)
-#   default:<gpu> the same with default algorithms; counted where its control is identical, a SKIP line otherwise
+#   default:<gpu> reported, not counted: with the defaults upstream itself is not run-to-run identical under load (seen
+#                 on 2xH200: two outcomes of step 9's grad norm among 6 concurrent runs a GPU)
 # Across GPUs (two GPUs): stock on GPU 0 vs stock on GPU 1 and PLT on GPU 0 vs PLT on GPU 1 (deterministic) within
 # XTOL (relative, default 1e-3) at every step: cards may pick different kernels, so only "close" is asked there.
 # Every summary line says which card (index, name, UUID) ran each run.
 # K1_MUTATION='ARGS': appended to the PLT runs only (e.g. '--lr 1.0001e-3'); the same-GPU checks must then FAIL,
-# which shows they can tell. Last line "K1_IDENTITY: OK|FAIL (n/m)". env: OUT, NGPU, K1_GPUS, XTOL, K1_MUTATION,
+# which shows they can tell. Last line "K1_IDENTITY: OK|FAIL (n/m)". env: OUT, NGPU, K1_GPUS, XTOL, K1_MUTATION, DET_ENV,
 # K1_WORK (scratch dir), EXTRA_PT_ARGS, SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh). ~1.5 min.
 set -o pipefail
 # shellcheck disable=SC1091
@@ -44,7 +47,8 @@ pt() { # pt NAME GPU PORT ENV... -- ARGS...
   echo $? >"$W/runs/$name/rc"
   echo $((SECONDS - t)) >"$W/runs/$name/secs"
 }
-D=(NVTE_ALLOW_NONDETERMINISTIC_ALGO=0)
+# shellcheck disable=SC2206
+D=(${DET_ENV:-NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 TORCHINDUCTOR_DETERMINISTIC=1})
 say "== 6 runs of 10 steps at once on each of GPU(s) $(seq -s ' and ' 0 $((NG - 1)))${K1_MUTATION:+; MUTATION on the PLT runs: $K1_MUTATION}, $(now)"
 for g in $(seq 0 $((NG - 1))); do
   say "   GPU $g = $(gpu_id "$g")"
@@ -70,17 +74,9 @@ for g in $(seq 0 $((NG - 1))); do
   ran "det_plt1_g$g" "det_stock_g$g" "det_stock_rep_g$g" || rc=1
   [ $control = 0 ] || say "   control differs: this GPU is not run-to-run deterministic with deterministic_mode"
   check "det:gpu$g" $((rc | control))
-  say "-- GPU $g, default algorithms: control, then PLT K=1 vs stock"
+  say "-- GPU $g, defaults (information): control, then PLT K=1 vs stock"
   $S same "stock_g$g=$R/stock_g$g" "stock_rep_g$g=$R/stock_rep_g$g" 2>&1 | tee -a "$SUM"
-  control=$?
   $S same "plt1_g$g=$R/plt1_g$g" "stock_g$g=$R/stock_g$g" 2>&1 | tee -a "$SUM"
-  rc=$?
-  ran "plt1_g$g" "stock_g$g" "stock_rep_g$g" || rc=1
-  if [ $control != 0 ] && [ $rc != 0 ] && ran "stock_g$g" "stock_rep_g$g"; then
-    skip "default:gpu$g" "upstream's own repeat differs with default algorithms on this GPU: the pair proves nothing"
-  else
-    check "default:gpu$g" $rc
-  fi
 done
 if [ "$NG" -ge 2 ]; then
   say "-- across GPUs 0 and 1 (deterministic; different cards: within XTOL=$XTOL, not bit for bit)"

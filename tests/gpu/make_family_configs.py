@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Random-init HF model dirs with the published config.json of four families (layers / experts cut to fit one 80 GB
-GPU), for parity.py and the family throughput benchmark. Nothing is downloaded; the tokenizer is the tiny BPE one.
+"""Random-init HF model dirs with the published config.json of the families transformers builds without remote code
+(layers / experts cut to fit one 80 GB GPU), for parity.py and the family throughput benchmark. Nothing is
+downloaded; the tokenizer is the tiny BPE one.
 
-    python3 tests/gpu/make_family_configs.py --out DIR [--only NAME,...] [--device cuda] [--estimate] [--tiny]
+    python3 tests/gpu/make_family_configs.py --out DIR [--only NAME,...|default|more|all] [--device cuda]
+                                             [--estimate] [--tiny] [--list]
 
-Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for NAME in
-qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut, deepseek-v3-cut, and prints parameters and bytes per model.
-config.json is the published one with only the cut fields changed (so mcore-bridge and transformers read what a hub
-download gives them). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm weights and DeepSeek's
-e_score_correction_bias made random too (1 + N(0, 0.1) for norms), so a mis-mapped bias or norm changes the logits.
---tiny: the same structures at toy widths (CPU tests). --estimate: print the sizes only (meta device, no weights).
+Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for each NAME and
+prints parameters and bytes per model. Groups: `default` (DEFAULT: qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut,
+deepseek-v3-cut), `more` (MORE: the other families), `all`. config.json is the published one with only the cut fields
+changed (so mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and
+where its values come from. Kimi-K2 (config.json model_type kimi_k2, remote code) is written as its DeepSeek-V3
+architecture (model_type deepseek_v3). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm
+weights and the routers' e_score_correction_bias made random too (1 + N(0, 0.1) for norms), so a mis-mapped bias or
+norm changes the logits; ERNIE-4.5-MoE's stays 0 (NO_ROUTER_BIAS). --tiny: the same structures at toy widths (CPU
+tests). --estimate: print the sizes only (meta device, no weights).
 """
 import argparse
 import copy
@@ -63,6 +68,128 @@ DEEPSEEK_V3 = {
     'use_cache': True, 'v_head_dim': 128, 'vocab_size': 129280,
 }  # yapf: disable
 
+# Qwen/Qwen1.5-MoE-A2.7B (qwen2_moe: shared expert with a sigmoid gate, softmax top-4 not renormalised). Values:
+# public copies of its config.json (the Chat GPTQ repo's config, the base model's max_position_embeddings).
+QWEN15_MOE_A27B = {
+    'architectures': ['Qwen2MoeForCausalLM'], 'attention_dropout': 0.0, 'bos_token_id': 151643,
+    'decoder_sparse_step': 1, 'eos_token_id': 151643, 'hidden_act': 'silu', 'hidden_size': 2048,
+    'initializer_range': 0.02, 'intermediate_size': 5632, 'max_position_embeddings': 8192, 'max_window_layers': 21,
+    'model_type': 'qwen2_moe', 'moe_intermediate_size': 1408, 'norm_topk_prob': False, 'num_attention_heads': 16,
+    'num_experts': 60, 'num_experts_per_tok': 4, 'num_hidden_layers': 24, 'num_key_value_heads': 16,
+    'output_router_logits': False, 'rms_norm_eps': 1e-06, 'rope_theta': 1000000.0, 'router_aux_loss_coef': 0.001,
+    'shared_expert_intermediate_size': 5632, 'sliding_window': 32768, 'tie_word_embeddings': False,
+    'torch_dtype': 'bfloat16', 'use_cache': True, 'use_sliding_window': False, 'vocab_size': 151936,
+}  # yapf: disable
+# zai-org/GLM-4.5-Air (glm4_moe: partial rotary 0.5, qkv bias, sigmoid routing with expert bias, a shared expert,
+# first_k_dense_replace=1, an MTP layer). Values: its config.json as ms-swift's model dump prints it.
+GLM45_AIR = {
+    'architectures': ['Glm4MoeForCausalLM'], 'attention_bias': True, 'attention_dropout': 0.0,
+    'eos_token_id': [151329, 151336, 151338], 'first_k_dense_replace': 1, 'head_dim': 128, 'hidden_act': 'silu',
+    'hidden_size': 4096, 'initializer_range': 0.02, 'intermediate_size': 10944, 'max_position_embeddings': 131072,
+    'model_type': 'glm4_moe', 'moe_intermediate_size': 1408, 'n_group': 1, 'n_routed_experts': 128,
+    'n_shared_experts': 1, 'norm_topk_prob': True, 'num_attention_heads': 96, 'num_experts_per_tok': 8,
+    'num_hidden_layers': 46, 'num_key_value_heads': 8, 'num_nextn_predict_layers': 1, 'pad_token_id': 151329,
+    'partial_rotary_factor': 0.5, 'rms_norm_eps': 1e-05, 'rope_scaling': None, 'rope_theta': 1000000,
+    'routed_scaling_factor': 1.0, 'tie_word_embeddings': False, 'topk_group': 1, 'torch_dtype': 'bfloat16',
+    'use_cache': True, 'use_qk_norm': False, 'vocab_size': 151552,
+}  # yapf: disable
+# zai-org/GLM-4.7-Flash (glm4_moe_lite: MLA with q-LoRA, v_head_dim 256 != qk_nope_head_dim 192, sigmoid routing with
+# expert bias, a shared expert, first_k_dense_replace=1). Values: a public exact copy of its config.json (bf16).
+GLM47_FLASH = {
+    'architectures': ['Glm4MoeLiteForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'pad_token_id': 154820, 'eos_token_id': [154820, 154827, 154829], 'hidden_act': 'silu', 'hidden_size': 2048,
+    'intermediate_size': 10240, 'max_position_embeddings': 202752, 'model_type': 'glm4_moe_lite',
+    'moe_intermediate_size': 1536, 'topk_method': 'noaux_tc', 'norm_topk_prob': True, 'num_attention_heads': 20,
+    'n_group': 1, 'topk_group': 1, 'n_routed_experts': 64, 'n_shared_experts': 1, 'routed_scaling_factor': 1.8,
+    'num_experts_per_tok': 4, 'first_k_dense_replace': 1, 'num_hidden_layers': 47, 'num_key_value_heads': 20,
+    'num_nextn_predict_layers': 1, 'partial_rotary_factor': 1.0, 'rms_norm_eps': 1e-05, 'rope_scaling': None,
+    'rope_theta': 1000000, 'tie_word_embeddings': False, 'dtype': 'bfloat16', 'q_lora_rank': 768,
+    'kv_lora_rank': 512, 'qk_nope_head_dim': 192, 'qk_rope_head_dim': 64, 'v_head_dim': 256, 'vocab_size': 154880,
+}  # yapf: disable
+# deepseek-ai/DeepSeek-V2-Lite (deepseek_v2: MLA without q-LoRA, YaRN with mscale = mscale_all_dim, softmax greedy
+# top-6 not renormalised, 2 shared experts, first_k_dense_replace=1). Values: a public copy of its config.json
+# (auto_map and bookkeeping keys dropped).
+DEEPSEEK_V2_LITE = {
+    'architectures': ['DeepseekV2ForCausalLM'], 'attention_bias': False, 'aux_loss_alpha': 0.001,
+    'bos_token_id': 100000, 'eos_token_id': 100001, 'first_k_dense_replace': 1, 'hidden_act': 'silu',
+    'hidden_size': 2048, 'initializer_range': 0.02, 'intermediate_size': 10944, 'kv_lora_rank': 512,
+    'max_position_embeddings': 163840, 'model_type': 'deepseek_v2', 'moe_intermediate_size': 1408,
+    'moe_layer_freq': 1, 'n_group': 1, 'n_routed_experts': 64, 'n_shared_experts': 2, 'norm_topk_prob': False,
+    'num_attention_heads': 16, 'num_experts_per_tok': 6, 'num_hidden_layers': 27, 'num_key_value_heads': 16,
+    'q_lora_rank': None, 'qk_nope_head_dim': 128, 'qk_rope_head_dim': 64, 'rms_norm_eps': 1e-06,
+    'rope_scaling': {'beta_fast': 32, 'beta_slow': 1, 'factor': 40, 'mscale': 0.707, 'mscale_all_dim': 0.707,
+                     'original_max_position_embeddings': 4096, 'type': 'yarn'},
+    'rope_theta': 10000, 'routed_scaling_factor': 1.0, 'scoring_func': 'softmax', 'seq_aux': True,
+    'tie_word_embeddings': False, 'topk_group': 1, 'topk_method': 'greedy', 'torch_dtype': 'bfloat16',
+    'use_cache': True, 'v_head_dim': 128, 'vocab_size': 102400,
+}  # yapf: disable
+# baidu/ERNIE-4.5-0.3B-PT (ernie4_5: interleaved rotary, head_dim 128 != hidden / heads, tied embeddings). Values:
+# public copies of its config.json and transformers' Ernie4_5Config (whose defaults are this checkpoint).
+ERNIE45_03B = {
+    'architectures': ['Ernie4_5ForCausalLM'], 'bos_token_id': 1, 'eos_token_id': 2, 'head_dim': 128,
+    'hidden_act': 'silu', 'hidden_size': 1024, 'initializer_range': 0.02, 'intermediate_size': 3072,
+    'max_position_embeddings': 131072, 'model_type': 'ernie4_5', 'num_attention_heads': 16, 'num_hidden_layers': 18,
+    'num_key_value_heads': 2, 'pad_token_id': 0, 'rms_norm_eps': 1e-05, 'rope_theta': 500000.0,
+    'tie_word_embeddings': True, 'torch_dtype': 'bfloat16', 'use_bias': False, 'use_cache': True,
+    'vocab_size': 103424,
+}  # yapf: disable
+# baidu/ERNIE-4.5-21B-A3B-PT (ernie4_5_moe: interleaved rotary, softmax top-6 renormalised, 2 shared experts, MoE
+# from moe_layer_start_index=1, tied embeddings). Values: public copies of its config.json and transformers'
+# Ernie4_5_MoeConfig (whose defaults are this checkpoint).
+ERNIE45_21B_A3B = {
+    'architectures': ['Ernie4_5_MoeForCausalLM'], 'bos_token_id': 1, 'eos_token_id': 2, 'head_dim': 128,
+    'hidden_act': 'silu', 'hidden_size': 2560, 'initializer_range': 0.02, 'intermediate_size': 12288,
+    'max_position_embeddings': 131072, 'model_type': 'ernie4_5_moe', 'moe_intermediate_size': 1536, 'moe_k': 6,
+    'moe_layer_end_index': 27, 'moe_layer_interval': 1, 'moe_layer_start_index': 1, 'moe_num_experts': 64,
+    'moe_num_shared_experts': 2, 'num_attention_heads': 20, 'num_hidden_layers': 28, 'num_key_value_heads': 4,
+    'pad_token_id': 0, 'rms_norm_eps': 1e-05, 'rope_theta': 500000.0, 'tie_word_embeddings': True,
+    'torch_dtype': 'bfloat16', 'use_bias': False, 'use_cache': True, 'vocab_size': 103424,
+}  # yapf: disable
+# rednote-hilab/dots.llm1.base (dots1: QK-norm, sigmoid routing with expert bias, top-6 of 128, 2 shared experts,
+# first_k_dense_replace=1). Values: public copies of its config.json (n_group / topk_group left to transformers'
+# default 1, one group).
+DOTS_LLM1 = {
+    'architectures': ['Dots1ForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'first_k_dense_replace': 1, 'hidden_act': 'silu', 'hidden_size': 4096, 'initializer_range': 0.02,
+    'intermediate_size': 10944, 'max_position_embeddings': 32768, 'model_type': 'dots1',
+    'moe_intermediate_size': 1408, 'n_routed_experts': 128, 'n_shared_experts': 2, 'norm_topk_prob': True,
+    'num_attention_heads': 32, 'num_experts_per_tok': 6, 'num_hidden_layers': 62, 'num_key_value_heads': 32,
+    'rms_norm_eps': 1e-05, 'rope_scaling': None, 'rope_theta': 10000000, 'routed_scaling_factor': 2.5,
+    'scoring_func': 'sigmoid', 'sliding_window': None, 'tie_word_embeddings': False, 'torch_dtype': 'bfloat16',
+    'use_cache': True, 'vocab_size': 152064,
+}  # yapf: disable
+# moonshotai/Kimi-K2-Instruct as its DeepSeek-V3 architecture: its config.json (model_type kimi_k2, the model's own
+# remote code) with model_type deepseek_v3, which transformers builds. Kimi-K2's shape: 64 heads, 384 experts in one
+# group, routed_scaling_factor 2.827, YaRN factor 32. Values: public copies of its config.json.
+KIMI_K2 = {
+    'architectures': ['DeepseekV3ForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'aux_loss_alpha': 0.001, 'bos_token_id': 163584, 'eos_token_id': 163585, 'first_k_dense_replace': 1,
+    'hidden_act': 'silu', 'hidden_size': 7168, 'initializer_range': 0.02, 'intermediate_size': 18432,
+    'kv_lora_rank': 512, 'max_position_embeddings': 131072, 'model_type': 'deepseek_v3',
+    'moe_intermediate_size': 2048, 'moe_layer_freq': 1, 'n_group': 1, 'n_routed_experts': 384,
+    'n_shared_experts': 1, 'norm_topk_prob': True, 'num_attention_heads': 64, 'num_experts_per_tok': 8,
+    'num_hidden_layers': 61, 'num_key_value_heads': 64, 'num_nextn_predict_layers': 0, 'q_lora_rank': 1536,
+    'qk_nope_head_dim': 128, 'qk_rope_head_dim': 64, 'rms_norm_eps': 1e-06,
+    'rope_scaling': {'beta_fast': 1.0, 'beta_slow': 1.0, 'factor': 32.0, 'mscale': 1.0, 'mscale_all_dim': 1.0,
+                     'original_max_position_embeddings': 4096, 'type': 'yarn'},
+    'rope_theta': 50000.0, 'routed_scaling_factor': 2.827, 'scoring_func': 'sigmoid', 'seq_aux': True,
+    'tie_word_embeddings': False, 'topk_group': 1, 'topk_method': 'noaux_tc', 'torch_dtype': 'bfloat16',
+    'use_cache': True, 'v_head_dim': 128, 'vocab_size': 163840,
+}  # yapf: disable
+
+# meta-llama/Llama-3.2-1B (llama: llama3 RoPE scaling, tied embeddings), as benchmarks/throughput/make_llama32_1b.py
+LLAMA32_1B = {
+    'architectures': ['LlamaForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'bos_token_id': 128000, 'eos_token_id': 128001, 'head_dim': 64, 'hidden_act': 'silu', 'hidden_size': 2048,
+    'initializer_range': 0.02, 'intermediate_size': 8192, 'max_position_embeddings': 131072, 'mlp_bias': False,
+    'model_type': 'llama', 'num_attention_heads': 32, 'num_hidden_layers': 16, 'num_key_value_heads': 8,
+    'pretraining_tp': 1, 'rms_norm_eps': 1e-05,
+    'rope_scaling': {'factor': 32.0, 'high_freq_factor': 4.0, 'low_freq_factor': 1.0,
+                     'original_max_position_embeddings': 8192, 'rope_type': 'llama3'},
+    'rope_theta': 500000.0, 'tie_word_embeddings': True, 'torch_dtype': 'bfloat16', 'use_cache': True,
+    'vocab_size': 128256,
+}  # yapf: disable
+
 TINY_IDS = dict(bos_token_id=1, eos_token_id=2)  # the tiny tokenizer's <s> and </s>
 
 # name -> (published config, cut: the fields changed to fit one 80 GB GPU, toy widths for --tiny)
@@ -88,8 +215,58 @@ FAMILIES = {
         num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4,
         vocab_size=512, **TINY_IDS)),
+    # 4 of 24 layers, all 60 experts: 2.9 B parameters
+    'qwen1.5-moe-a2.7b-cut': (QWEN15_MOE_A27B, dict(num_hidden_layers=4, max_window_layers=4), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        vocab_size=512, max_window_layers=2, **TINY_IDS)),
+    # 3 of 46 layers (1 dense, then 2 MoE), 64 of 128 experts (top-8, one group), no MTP layer: 4.0 B
+    'glm-4.5-air-cut': (GLM45_AIR, dict(num_hidden_layers=3, n_routed_experts=64, num_nextn_predict_layers=0), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, head_dim=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512,
+        pad_token_id=0, **TINY_IDS)),
+    # 4 of 47 layers (1 dense, then 3 MoE), all 64 experts, no MTP layer: 2.6 B
+    'glm-4.7-flash-cut': (GLM47_FLASH, dict(num_hidden_layers=4, num_nextn_predict_layers=0), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16,
+        v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512, pad_token_id=0, **TINY_IDS)),
+    # 4 of 27 layers (1 dense, then 3 MoE), all 64 experts: 2.3 B
+    'deepseek-v2-lite-cut': (DEEPSEEK_V2_LITE, dict(num_hidden_layers=4), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+        n_routed_experts=8, num_experts_per_tok=2, vocab_size=512, **TINY_IDS)),
+    # whole: 1.24 B
+    'llama-3.2-1b': (LLAMA32_1B, {}, dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=512, **TINY_IDS)),
+    # 4 of 28 layers (1 dense, then 3 MoE), all 64 experts: 2.8 B
+    'ernie-4.5-21b-a3b-cut': (ERNIE45_21B_A3B, dict(num_hidden_layers=4, moe_layer_end_index=3), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, moe_num_experts=8, moe_k=2, moe_layer_end_index=1, vocab_size=512,
+        **TINY_IDS)),
+    # whole: 0.36 B
+    'ernie-4.5-0.3b': (ERNIE45_03B, {}, dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=512, **TINY_IDS)),
+    # 3 of 62 layers (1 dense, then 2 MoE), 64 of 128 experts (top-6): 3.9 B
+    'dots.llm1-cut': (DOTS_LLM1, dict(num_hidden_layers=3, n_routed_experts=64), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512, **TINY_IDS)),
+    # 3 of 61 layers (1 dense, then 2 MoE), 16 of 384 experts (top-8, one group): 4.5 B
+    'kimi-k2-cut': (KIMI_K2, dict(num_hidden_layers=3, n_routed_experts=16), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512,
+        **TINY_IDS)),
 }  # yapf: disable
 NAMES = list(FAMILIES)
+DEFAULT = NAMES[:4]  # families.sh's default run (one H100, ~6 min)
+MORE = NAMES[4:]  # the other families (FAMILIES=more)
+GROUPS = dict(default=DEFAULT, more=MORE, all=NAMES)
+# ERNIE-4.5-MoE routes by softmax scores plus moe_statics.e_score_correction_bias; megatron-core 0.16.1 adds an expert
+# bias to sigmoid scores only and mcore-bridge 1.6.5 does not load this one, so the stock Megatron model routes
+# without it (K=1 as at K > 1). Kept 0 here: the parity then compares what both sides compute.
+NO_ROUTER_BIAS = ('ernie4_5_moe', )
 TRAIN_BYTES_PER_PARAM = 18  # megatron bf16 + Adam: bf16 param 2, fp32 grad 4, fp32 master 4, Adam m and v 8
 
 
@@ -100,7 +277,7 @@ def family_config(name, tiny=False):
     cfg.update(cut)
     if tiny:
         cfg.update(toy)
-    if cfg.get('n_group') and cfg['num_experts_per_tok'] // cfg['topk_group'] != 2:
+    if (cfg.get('n_group') or 1) > 1 and cfg['num_experts_per_tok'] // cfg['topk_group'] != 2:
         raise ValueError(f'{name}: num_experts_per_tok // topk_group must be 2 (megatron and HF group scores agree)')
     return cfg
 
@@ -150,8 +327,8 @@ def make_tokenizer(out_dir):
 
 
 def randomize(model, seed):
-    """Biases N(0, 0.02), RMSNorm weights 1 + N(0, 0.1), e_score_correction_bias N(0, 0.01): HF leaves them 0 / 1,
-    which would hide a bias or norm the bridge drops or swaps."""
+    """Biases N(0, 0.02), RMSNorm weights 1 + N(0, 0.1), e_score_correction_bias N(0, 0.01) (but NO_ROUTER_BIAS):
+    HF leaves them 0 / 1, which would hide a bias or norm the bridge drops or swaps."""
     import torch
     g = torch.Generator(device='cpu').manual_seed(seed + 1)
     with torch.no_grad():
@@ -159,9 +336,16 @@ def randomize(model, seed):
             if 'rotary' in name or 'inv_freq' in name:
                 continue
             if name.endswith('e_score_correction_bias'):  # fp32 in the published checkpoint
+                if model.config.model_type in NO_ROUTER_BIAS:
+                    continue
                 std, base = 0.01, 0.0
-                owner = model.get_submodule(name.rpartition('.')[0])
-                owner.e_score_correction_bias = t = t.float()
+                owner, _, attr = name.rpartition('.')
+                owner = model.get_submodule(owner)
+                t = t.float()
+                if attr in owner._parameters:
+                    owner.register_parameter(attr, torch.nn.Parameter(t, requires_grad=False))
+                else:
+                    owner.register_buffer(attr, t)
             elif name.endswith('.bias'):
                 std, base = 0.02, 0.0
             elif t.dim() == 1 and 'norm' in name:
@@ -199,17 +383,23 @@ def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--out', help='parent dir: one sub-dir per model')
-    ap.add_argument('--only', default=','.join(NAMES), help=f'comma list of {", ".join(NAMES)}')
+    ap.add_argument('--only', default='all', help=f'comma list of {", ".join(NAMES)} or of the groups '
+                    f'{", ".join(GROUPS)}')
     ap.add_argument('--device', default=None, help='where the weights are initialised (default cuda if available)')
     ap.add_argument('--tiny', action='store_true', help='toy widths, same structure (CPU tests)')
     ap.add_argument('--estimate', action='store_true', help='print the sizes only')
+    ap.add_argument('--list', action='store_true', help='print the names --only selects (comma list) and exit')
     ap.add_argument('--seed', type=int, default=0)
     ap.add_argument('--json', default=None, help='write {name: {dir, sizes}} here')
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.only.split(',') if n.strip()]
+    names = list(dict.fromkeys(m for n in names for m in GROUPS.get(n, [n])))
     bad = [n for n in names if n not in FAMILIES]
     if bad:
         ap.error(f'unknown {bad}; known: {NAMES}')
+    if a.list:
+        print(','.join(names))
+        return 0
     if not a.estimate and not a.out:
         ap.error('--out is required (or --estimate)')
     import torch

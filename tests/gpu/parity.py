@@ -21,10 +21,12 @@ tokenized with the first model dir's tokenizer, or with --random-ids uniform ids
      far a mis-aligned target would move the loss: the margin the parity numbers must beat). MoE experts run HF's
      eager loop.
   2. Megatron: MegatronArguments(model_type=TYPE, patch_size=K) -> swift.megatron.model.get_mcore_model
-     -> config.bridge.load_weights; forward(input_ids, position_ids, labels) with labels token-aligned and the first
-     patch -100 (swift_plt.patch_level.layout.mask_first_patch), loss = sum(losses * (labels != -100)) / count (ms-swift's
-     loss_func). bf16 params with --attention_backend fused, fp32 params with unfused (cuDNN fused attention has
-     no fp32). A family type must come out as mcore type `gpt_plt` (PLTGPTModel) at K > 1.
+     -> config.bridge.load_weights -> every parameter and buffer moved to the GPU, one left elsewhere an error
+     (place_model: megatron-core makes the shared-expert gate on the CPU); forward(input_ids, position_ids, labels)
+     with labels token-aligned and the first patch -100 (swift_plt.patch_level.layout.mask_first_patch),
+     loss = sum(losses * (labels != -100)) / count (ms-swift's loss_func). bf16 params with --attention_backend
+     fused, fp32 params with unfused (cuDNN fused attention has no fp32). A family type must come out as mcore type
+     `gpt_plt` (PLTGPTModel) at K > 1.
      fp32 runs with NVIDIA_TF32_OVERRIDE=0 (no TF32 anywhere); their check also requires the difference to stay
      below the control margin. Every check requires the largest per-token NLL difference to stay below the largest
      change a one-token mis-alignment makes to a token's NLL.
@@ -264,6 +266,29 @@ def megatron_init(port, backend='nccl'):
 MG_KWARGS = {}  # --mg-kwargs: extra MegatronArguments fields (e.g. for the CPU test harness)
 
 
+def target_device():
+    """Where the Megatron models run: the current GPU (the CPU under the dry-run harness, which has no CUDA)."""
+    return torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else torch.device('cpu')
+
+
+def off_device(model, device):
+    """Names of the parameters and buffers of model that are not on device."""
+    device = torch.device(device)
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return [n for n, t in named if t is not None and t.device != device]
+
+
+def place_model(model, device):
+    """Move every parameter and buffer of model to device, then fail loudly on any left elsewhere. megatron-core
+    creates some on the CPU whatever use_cpu_initialization says (0.16.1: SharedExpertMLP.gate_weight, the
+    shared-expert gate of qwen2_moe), so the first parameter's device says nothing about the others."""
+    model.to(device)
+    left = off_device(model, device)
+    if left:
+        raise RuntimeError(f'{len(left)} parameters/buffers are not on {device} after placement: {left[:8]}')
+    return model
+
+
 def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=False):
     """What `megatron pt` does to get its model (MegatronArguments.__post_init__ -> initialize_megatron, then
     BaseMegatronTrainer.prepare_model: get_mcore_model(args, template.config) + bridge.load_weights).
@@ -303,9 +328,8 @@ def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=Fals
     hf_config = get_processor(model_dir, model_type=model_type).model_info.config
     model = get_mcore_model(args, hf_config)[0]
     model.config.bridge.load_weights([model], model_dir)
+    place_model(model, target_device())  # as ms-swift's wrap_model does (.cuda() after the weights are loaded)
     p = next(model.parameters())
-    if p.device.type != 'cuda':
-        model.cuda()
     model.eval()
     cfg = model.config
     say(f'[parity] built {type(model).__name__} model_type={model_type} mcore_type={cfg.mcore_model_type} '

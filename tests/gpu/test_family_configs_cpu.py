@@ -1,5 +1,6 @@
 """CPU checks of the families GPU step: make_family_configs.py (published sizes on the meta device, toy-width dirs
-that transformers loads with the structure intact) and parity.py's pure helpers (random ids, route comparison)."""
+that transformers loads with the structure intact), parity.py's pure helpers (random ids, route comparison) and its
+placement of the Megatron model (every parameter on the target device, the shared-expert gate included)."""
 import json
 import os
 import subprocess
@@ -16,9 +17,34 @@ import parity  # noqa: E402
 from swift_plt.compat.transformers import is_transformers_5  # noqa: E402
 
 
+# parameters of each cut (transformers' count on the meta device)
+CUT_PARAMS = {'qwen2.5-1.5b': 1.544e9, 'qwen3-1.7b': 1.721e9, 'qwen3-30b-a3b-cut': 3.115e9, 'deepseek-v3-cut': 4.309e9,
+              'qwen1.5-moe-a2.7b-cut': 2.905e9, 'glm-4.5-air-cut': 3.953e9, 'glm-4.7-flash-cut': 2.625e9,
+              'deepseek-v2-lite-cut': 2.255e9, 'ernie-4.5-0.3b': 0.3607e9, 'ernie-4.5-21b-a3b-cut': 2.758e9,
+              'dots.llm1-cut': 3.866e9, 'kimi-k2-cut': 4.546e9, 'llama-3.2-1b': 1.236e9}
+# the uncut published configs: the totals their model cards give (a mistyped width or count changes these)
+CARD_PARAMS = {'qwen1.5-moe-a2.7b-cut': 14.3e9, 'glm-4.5-air-cut': 106e9, 'glm-4.7-flash-cut': 30e9,
+               'deepseek-v2-lite-cut': 15.7e9, 'ernie-4.5-0.3b': 0.36e9, 'ernie-4.5-21b-a3b-cut': 21.8e9,
+               'dots.llm1-cut': 142e9, 'kimi-k2-cut': 1.03e12, 'llama-3.2-1b': 1.24e9}
+
+
+def test_groups_cover_every_family_once():
+    assert mfc.GROUPS['all'] == mfc.DEFAULT + mfc.MORE == mfc.NAMES and not set(mfc.DEFAULT) & set(mfc.MORE)
+    assert set(CUT_PARAMS) == set(mfc.NAMES) and set(CARD_PARAMS) == set(mfc.MORE)
+    from swift_plt.models.families import FAMILIES
+    types = {mfc.family_config(n)['model_type'] for n in mfc.NAMES}
+    # every family transformers builds without remote code has a published config here (kimi_k2 as deepseek_v3)
+    assert set(FAMILIES) - types == {'internlm3', 'mimo', 'deepseek', 'kimi_k2'}
+
+
+@pytest.mark.parametrize('name', list(CARD_PARAMS))
+def test_published_configs_have_the_model_card_size(name):
+    n, _ = mfc.count_params(mfc.FAMILIES[name][0])
+    assert n == pytest.approx(CARD_PARAMS[name], rel=0.03)
+
+
 def test_published_sizes_fit_one_80gb_gpu():
-    expect = {'qwen2.5-1.5b': 1.544e9, 'qwen3-1.7b': 1.721e9, 'qwen3-30b-a3b-cut': 3.115e9, 'deepseek-v3-cut': 4.309e9}
-    for name, n in expect.items():
+    for name, n in CUT_PARAMS.items():
         s = mfc.sizes(mfc.family_config(name))
         assert s['params'] == pytest.approx(n, rel=2e-3), name
         # parity holds one model at a time: the fp64 reference (converted from fp32) is the peak
@@ -32,6 +58,29 @@ def test_published_sizes_fit_one_80gb_gpu():
             ds['v_head_dim'], ds['num_attention_heads'], ds['intermediate_size'], ds['vocab_size'],
             ds['rope_scaling']['type']) == (7168, 1536, 512, 64, 128, 128, 128, 18432, 129280, 'yarn')
     assert mfc.sizes(ds)['train_bf16_adam_gb'] < 80  # not trained by the benchmark, but the claim must hold
+
+
+def test_cuts_keep_each_structure():
+    """A cut changes only layer and expert counts (and drops MTP layers): the dense first layers stay, at least two
+    MoE layers follow, routing keeps its top-k and groups."""
+    allowed = {'num_hidden_layers', 'n_routed_experts', 'num_nextn_predict_layers', 'max_window_layers',
+               'moe_layer_end_index'}
+    # DeepSeek-V3: 1 of its 3 dense layers, 4 groups of 4 of the 16 experts kept
+    allowed_more = {'deepseek-v3-cut': {'first_k_dense_replace', 'n_group', 'topk_group'}}
+    for name in mfc.NAMES:
+        real, cut, _ = mfc.FAMILIES[name]
+        cfg = mfc.family_config(name)
+        assert set(cut) <= allowed | allowed_more.get(name, set()), name
+        assert cfg['num_hidden_layers'] <= real['num_hidden_layers'] and not cfg.get('num_nextn_predict_layers')
+        if not parity.is_moe(cfg):
+            continue
+        dense = cfg.get('first_k_dense_replace', cfg.get('moe_layer_start_index', 0))
+        real_dense = real.get('first_k_dense_replace', real.get('moe_layer_start_index', 0))
+        assert dense == real_dense or 1 <= dense < real_dense, name
+        assert cfg['num_hidden_layers'] - dense >= 2, name
+        assert cfg.get('moe_layer_end_index', cfg['num_hidden_layers'] - 1) == cfg['num_hidden_layers'] - 1, name
+        experts = cfg.get('n_routed_experts') or cfg.get('num_experts') or cfg['moe_num_experts']
+        assert experts >= 2 * (cfg.get('num_experts_per_tok') or cfg['moe_k']), name
 
 
 def test_group_limited_routing_guard():
@@ -58,7 +107,13 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
     from swift_plt.compat.transformers import hf_rope_guard
     report = json.load(open(tiny_dirs / 'models.json'))
     classes = {'qwen2.5-1.5b': 'Qwen2ForCausalLM', 'qwen3-1.7b': 'Qwen3ForCausalLM',
-               'qwen3-30b-a3b-cut': 'Qwen3MoeForCausalLM', 'deepseek-v3-cut': 'DeepseekV3ForCausalLM'}
+               'qwen3-30b-a3b-cut': 'Qwen3MoeForCausalLM', 'deepseek-v3-cut': 'DeepseekV3ForCausalLM',
+               'qwen1.5-moe-a2.7b-cut': 'Qwen2MoeForCausalLM', 'glm-4.5-air-cut': 'Glm4MoeForCausalLM',
+               'glm-4.7-flash-cut': 'Glm4MoeLiteForCausalLM', 'deepseek-v2-lite-cut': 'DeepseekV2ForCausalLM',
+               'llama-3.2-1b': 'LlamaForCausalLM', 'ernie-4.5-21b-a3b-cut': 'Ernie4_5_MoeForCausalLM',
+               'ernie-4.5-0.3b': 'Ernie4_5ForCausalLM', 'dots.llm1-cut': 'Dots1ForCausalLM',
+               'kimi-k2-cut': 'DeepseekV3ForCausalLM'}
+    assert set(classes) == set(mfc.NAMES)
     for name, cls in classes.items():
         d = tiny_dirs / name
         cfg = json.load(open(d / 'config.json'))
@@ -78,10 +133,15 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
             keys = set(f.keys())
             if name == 'qwen2.5-1.5b':
                 assert float(f.get_tensor('model.layers.0.self_attn.q_proj.bias').abs().sum()) > 0
-            if name == 'deepseek-v3-cut':
-                b = f.get_tensor('model.layers.1.mlp.gate.e_score_correction_bias')
-                assert b.dtype == torch.float32 and float(b.abs().sum()) > 0
-        if 'moe' in cfg['model_type'] or cfg['model_type'] == 'deepseek_v3':
+            for key in keys:
+                if key.endswith('e_score_correction_bias'):  # random where mcore-bridge loads it, else 0
+                    b = f.get_tensor(key)
+                    assert b.dtype == torch.float32
+                    assert (float(b.abs().sum()) > 0) == (cfg['model_type'] not in mfc.NO_ROUTER_BIAS), key
+        assert any(k.endswith('e_score_correction_bias') for k in keys) == (
+            name in ('deepseek-v3-cut', 'glm-4.5-air-cut', 'glm-4.7-flash-cut', 'ernie-4.5-21b-a3b-cut',
+                     'dots.llm1-cut', 'kimi-k2-cut'))
+        if parity.is_moe(cfg):
             assert 'model.layers.1.mlp.experts.0.gate_proj.weight' in keys  # the hub format mcore-bridge reads
     ds = AutoModelForCausalLM.from_config(mfc.hf_config(mfc.family_config('deepseek-v3-cut', tiny=True)))
     assert ds.config.q_lora_rank == 32 and ds.config.first_k_dense_replace == 1
@@ -151,3 +211,46 @@ def test_mcore_route_map_is_reordered_batch_major():
     finally:
         router_mod.TopKRouter = orig
     assert torch.equal(maps[0], torch.eye(6, dtype=torch.bool))  # row b*T + t -> expert b*T + t
+
+
+def _placement_worker(hf_dir):
+    """In a harness rank: the toy mcore `gpt` model of hf_dir, brought to the state megatron-core leaves it in on a GPU
+    (every parameter and buffer on the device, 'meta' standing in for it, but the shared-expert gates, which
+    SharedExpertMLP creates on the CPU), then placed as parity.py's old rule did, and by place_model."""
+    from harness import build_mcore_model
+    (model, ) = build_mcore_model(hf_dir, load_weights=False)
+    gates = sorted(n for n, _ in model.named_parameters() if n.endswith('shared_experts.gate_weight'))
+    for module in model.modules():
+        for key, t in list(module._parameters.items()):
+            if t is not None and key != 'gate_weight':
+                module._parameters[key] = torch.nn.Parameter(t.to('meta'), requires_grad=t.requires_grad)
+        for key, t in list(module._buffers.items()):
+            if t is not None:
+                module._buffers[key] = t.to('meta')
+    before = parity.off_device(model, 'meta')
+    if next(model.parameters()).device.type != 'meta':  # the old rule: move when the first parameter is elsewhere
+        model.to('meta')
+    old_rule = parity.off_device(model, 'meta')
+    to = model.to
+    model.to = lambda *a, **k: model  # a placement that moves nothing: place_model must fail, naming the gates
+    try:
+        parity.place_model(model, 'meta')
+        skipped = None
+    except RuntimeError as e:
+        skipped = str(e)
+    model.to = to
+    parity.place_model(model, 'meta')
+    return dict(gates=gates, before=before, old_rule=old_rule, skipped=skipped, after=parity.off_device(model, 'meta'),
+                count=len(list(model.parameters())))
+
+
+def test_place_model_moves_every_parameter_and_catches_one_left_behind(tiny_dirs):
+    """qwen2_moe's shared-expert gate (megatron-core 0.16.1 makes it on the CPU, the rest on the GPU) stayed behind
+    under parity.py's old placement ("move when the first parameter is not on the GPU"): the GPU error
+    'mat2 is on cpu' in shared_experts_compute. place_model moves it and fails loudly on anything left behind."""
+    from harness import spawn
+    (r, ) = spawn(_placement_worker, 1, str(tiny_dirs / 'qwen1.5-moe-a2.7b-cut'))
+    assert len(r['gates']) == 2 and r['count'] > 20  # one gate per MoE layer of the toy model
+    assert r['before'] == r['old_rule'] == r['gates']  # exactly the gates are left behind by the old rule
+    assert r['skipped'] and all(g in r['skipped'] for g in r['gates'])
+    assert r['after'] == []

@@ -12,6 +12,11 @@ pytestmark = pytest.mark.xdist_group('families_cpu')
 
 DENSE = ['qwen2', 'qwen3']
 MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
+# structures of the other families (swift_plt.tools.tiny_families): partial rotary + sigmoid routing (glm4_moe), MLA
+# without q-LoRA + YaRN mscale + softmax greedy routing (deepseek_v2), interleaved rotary + ERNIE's MoE layout
+# (ernie4_5_moe); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe'] + [
+    pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
@@ -62,7 +67,7 @@ def test_tp2_equals_one_rank(family, family_dirs, tmp_path_factory, batch):
 # ------------------------------------------------------------------------------------------------- MoE and MLA
 
 
-@pytest.mark.parametrize('family', DENSE + MOE)
+@pytest.mark.parametrize('family', DENSE + MOE + MORE)
 def test_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
     """MoE: the router sees patches on both sides; a router fed tokens (or pooled after routing) changes the loss."""
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
