@@ -12,12 +12,13 @@ from typing import Optional, Sequence
 
 from swift_plt.recipe.export import check_export_args, export_vanilla
 from swift_plt.recipe.family import causal_lm_class, check_family, read_config, run_model_type
+from swift_plt.recipe.nodes import LeaderStatus, Nodes, node0_export_launch, node_note, read_nodes, wait_for
 from swift_plt.recipe.options import Options, RecipeError, check_micro_batch, check_passthrough, parse_options
 from swift_plt.recipe.plan import TwoStagePlan, make_plan
 from swift_plt.recipe.process import env_prefix, export_launch, failure_cause, run_logged
 from swift_plt.recipe.stage_report import count_lines, publish_data_report, record_wall_time, write_report
-from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, check_plan_file, plan_steps, stage_launch,
-                                     stage_state)
+from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, check_plan_file, exported_from, plan_steps,
+                                     stage_launch, stage_state)
 
 
 def checked_plan(opts: Options) -> TwoStagePlan:
@@ -52,10 +53,13 @@ def check_model(opts: Options) -> None:
         raise RecipeError(f'--model {opts.model}: {e}') from None
 
 
-def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options) -> int:
-    """Run one stage's command (logged, timed); 0 when its final checkpoint is there, else the exit code (or 1)."""
+def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: Nodes = Nodes(),
+              status: Optional[LeaderStatus] = None, since: Optional[dict] = None) -> int:
+    """Run one stage's command (logged, timed); 0 when its final checkpoint is there, else the exit code (or 1).
+    A node other than 0 then waits for the final checkpoint (global rank 0 completes it) or node 0's failure after
+    ``since``."""
     logs = os.path.join(out, 'logs')
-    log = os.path.join(logs, step.name + '.log')
+    log = os.path.join(logs, nodes.log_name(step.name))
     print(f'[{step.name}] running ({step.action}); log: {log}', flush=True)
     stage = int(step.name[-1])
     iters = plan.stage1.train_iters if stage == 1 else plan.stage2.train_iters
@@ -64,11 +68,17 @@ def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options) -> int:
     offset = os.path.getsize(log) if os.path.exists(log) else 0
     t = time.time()
     rc = run_logged(step.cmd, log, step.env)
-    start = int(os.path.basename(before.resume_from).split('-')[-1]) if before.resume_from else 0
-    record_wall_time(logs, step.name, time.time() - t, rc, log_line, start)
     state = stage_state(out, stage, iters)
-    if stage == 1:
-        publish_data_report(out, plan, opts)
+    if not nodes.leader:
+        if rc == 0 and not state.complete:
+            wait_for(f'{state.final_checkpoint}/latest_checkpointed_iteration.txt',
+                     lambda: stage_state(out, stage, iters).complete, nodes, status, since)
+            state = stage_state(out, stage, iters)
+    else:
+        start = int(os.path.basename(before.resume_from).split('-')[-1]) if before.resume_from else 0
+        record_wall_time(logs, step.name, time.time() - t, rc, log_line, start)
+        if stage == 1:
+            publish_data_report(out, plan, opts)
     if rc == 0 and state.complete:
         print(f'[{step.name}] complete: {state.final_checkpoint}', flush=True)
         return 0
@@ -83,20 +93,26 @@ def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options) -> int:
 
 
 def run(opts: Options) -> int:
-    """Check, print the plan, the process count and the steps, then run the steps that are not done yet."""
+    """Check, print the plan, the process count and the steps, then run the steps that are not done yet. On several
+    nodes (``swift_plt.recipe.nodes``) every node joins the stages; node 0 alone writes the run's files and exports."""
     plan = checked_plan(opts)
     out = os.path.abspath(opts.output_dir)
     print(plan.summary(), flush=True)
     check_plan_file(out, plan, write=False)
-    publish_data_report(out, plan, opts)  # a rerun: the report of the earlier stage-1 start
     steps = plan_steps(opts, plan)
     notes, launch, export = [], None, None
     if any(s.cmd for s in steps):
         launch = stage_launch(opts, plan)
         notes.append(launch.note)
+    nodes = read_nodes(os.environ)
+    if nodes.multi:
+        notes.insert(0, node_note(nodes, os.environ))
+    if nodes.leader:
+        publish_data_report(out, plan, opts)  # a rerun: the report of the earlier stage-1 start
     if any(s.name == 'export' and not s.action.startswith('skip') for s in steps):
         try:
-            export = export_launch(opts.export_args)
+            export = (node0_export_launch(opts.export_args, os.environ) if nodes.multi else
+                      export_launch(opts.export_args))
         except ValueError as e:
             raise RecipeError(f'--export_args: {e}') from None
         if launch is None or export.env != launch.env:
@@ -111,23 +127,49 @@ def run(opts: Options) -> int:
                   flush=True)
     if opts.dry_run:
         return 0
-    check_plan_file(out, plan, write=True)
+    status = LeaderStatus(out) if nodes.multi else None
+    since = status.read() if status else None  # node 0's record before this node's next step: older ones are stale
+    if nodes.leader:
+        check_plan_file(out, plan, write=True)
+    else:  # node 0 writes plan.json first: the same plan on both nodes, or a refusal here
+        plan_file = os.path.join(out, 'plan.json')
+        wait_for(plan_file, lambda: os.path.exists(plan_file), nodes, status, since)
+        check_plan_file(out, plan, write=False)
+    hf = os.path.join(out, EXPORT_DIR)
+    final = os.path.join(out, STAGE_DIRS[2], f'checkpoint-{plan.stage2.train_iters}')
+
+    def recorded(name: str, fn) -> int:  # node 0 of several records each step's state for the others
+        log = os.path.join(out, 'logs', nodes.log_name(name))
+        return status.step(name, log, fn) if status and nodes.leader else fn()
+
+    def export_step(step: Step) -> int:
+        print(f'[export] vanilla HF model -> {hf}', flush=True)
+        export_vanilla(final, hf, opts.model, opts.export_args, log_path=os.path.join(out, 'logs', 'export.log'),
+                       extra_env=step.env, model_type=run_model_type(opts.model, opts.args))
+        return 0
+
     for step in steps:
         if step.name == 'export':
             if step.action.startswith('skip'):
                 continue
-            print(f'[export] vanilla HF model -> {os.path.join(out, EXPORT_DIR)}', flush=True)
-            export_vanilla(os.path.join(out, STAGE_DIRS[2], f'checkpoint-{plan.stage2.train_iters}'),
-                           os.path.join(out, EXPORT_DIR), opts.model, opts.export_args,
-                           log_path=os.path.join(out, 'logs', 'export.log'), extra_env=step.env,
-                           model_type=run_model_type(opts.model, opts.args))
+            if nodes.leader:
+                recorded('export', lambda step=step: export_step(step))
+            else:
+                print(f'[export] node 0 writes the vanilla HF model {hf}; waiting for it', flush=True)
+                wait_for(f'the export {hf}', lambda: exported_from(hf) == final, nodes, status, since)
+                print(f'[export] done by node 0: {hf}', flush=True)
         elif step.cmd is not None:
-            rc = run_stage(step, out, plan, opts)
+            since = status.read() if status else None
+            rc = recorded(step.name,
+                          lambda step=step, since=since: run_stage(step, out, plan, opts, nodes, status, since))
             if rc:
                 return rc
-    print('[done] ' + (f'vanilla HF model: {os.path.join(out, EXPORT_DIR)}' if any(s.name == 'export' for s in steps)
+    print('[done] ' + (f'vanilla HF model: {hf}' if any(s.name == 'export' for s in steps)
                        else 'requested stage(s) complete'), flush=True)
-    write_report(out, plan)
+    if nodes.leader:
+        write_report(out, plan)
+        if status:
+            status.write('all', 'done')
     return 0
 
 

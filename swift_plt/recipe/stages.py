@@ -160,5 +160,7 @@ def check_plan_file(out: str, plan: TwoStagePlan, write: bool) -> None:
                               'it, or use a new --output_dir.')
     elif write:
         os.makedirs(out, exist_ok=True)
-        with open(path, 'w', encoding='utf-8') as f:
+        tmp = f'{path}.{os.getpid()}.tmp'
+        with open(tmp, 'w', encoding='utf-8') as f:
             json.dump(current, f, indent=2)
+        os.replace(tmp, path)  # another node never reads half of it
