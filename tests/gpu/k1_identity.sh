@@ -3,19 +3,20 @@
 # (SWIFT_PLT_DISABLE=1 = upstream ms-swift), 10 steps of the tiny Llama, bit for bit on the SAME GPU:
 #     bash tests/gpu/k1_identity.sh      (summary: $OUT/k1_summary.txt; $OUT default ./gpu_results/k1_identity)
 # On each GPU used (NGPU, at most K1_GPUS, default 2) six runs at once: PLT K=1, stock, and a repeat of stock (the
-# control), each with deterministic settings (DET_ENV: Transformer Engine's deterministic algorithms,
-# NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; megatron deterministic_mode) and with the defaults; every run with the same
-# PYTHONHASHSEED (HASH_SEED, default 0): with Python's per-process random hash seed, upstream's own repeats gave two
-# outcomes of a grad norm (2xH200, deterministic algorithms and TORCHINDUCTOR_DETERMINISTIC=1 or not: identical
-# losses, grad norm 1.96688843 or 1.96688616 at step 9). Checks, each on one GPU:
-#   det:<gpu>     deterministic PLT K=1 = stock: printed loss and grad_norm strings identical at every step; its control
-#                 (stock = stock repeat) must be identical too, else the check fails (the GPU is not deterministic)
-#   default:<gpu> reported, not counted (the pair with Transformer Engine's default algorithms)
+# control), with deterministic settings (DET_ENV: Transformer Engine's deterministic algorithms,
+# NVTE_ALLOW_NONDETERMINISTIC_ALGO=0; megatron deterministic_mode) and with the defaults. Upstream itself is not
+# run-to-run identical here: on 2xH200 its repeats printed identical strings for steps 1-8 and then one of two grad
+# norms at step 9 (1.96688843 or 1.96688616 deterministic), with PYTHONHASHSEED or TORCHINDUCTOR_DETERMINISTIC=1 set
+# or not (with --dataloader_num_workers 0: 3 of 3 repeats identical on H100), so a fixed pair can differ by chance.
+# Checks, each on one GPU (summarize.py agree):
+#   det:<gpu>, default:<gpu>  PLT K=1 = stock bit for bit (printed loss and grad_norm strings) on every step where
+#                 stock = its repeat (at least MIN_AGREE steps, default 5), and within XTOL on the steps after (or
+#                 identical to one of the two stock runs)
 # Across GPUs (two GPUs): stock on GPU 0 vs stock on GPU 1 and PLT on GPU 0 vs PLT on GPU 1 (deterministic) within
 # XTOL (relative, default 1e-3) at every step: cards may pick different kernels, so only "close" is asked there.
 # Every summary line says which card (index, name, UUID) ran each run.
 # K1_MUTATION='ARGS': appended to the PLT runs only (e.g. '--lr 1.0001e-3'); the same-GPU checks must then FAIL,
-# which shows they can tell. Last line "K1_IDENTITY: OK|FAIL (n/m)". env: OUT, NGPU, K1_GPUS, XTOL, K1_MUTATION, DET_ENV, HASH_SEED,
+# which shows they can tell. Last line "K1_IDENTITY: OK|FAIL (n/m)". env: OUT, NGPU, K1_GPUS, XTOL, K1_MUTATION, DET_ENV, MIN_AGREE,
 # K1_WORK (scratch dir), EXTRA_PT_ARGS, SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh). ~1.5 min.
 set -o pipefail
 # shellcheck disable=SC1091
@@ -24,6 +25,7 @@ gpu_init k1_identity k1_summary.txt "${K1_WORK:-/tmp/swift_plt_gpu/k1_identity}"
 NG=$NGPU
 [ "$NG" -gt "${K1_GPUS:-2}" ] && NG=${K1_GPUS:-2}
 XTOL=${XTOL:-1e-3}
+MIN_AGREE=${MIN_AGREE:-5}
 make_tiny "$W/tiny" || { say "0 setup: tiny model FAILED (make_tiny.log)"; check setup 1; finish; }
 COMMON=(--model "$W/tiny/model" --template llama --dataset "$W/tiny/data/train.jsonl" --max_length 256
   --attention_backend fused --micro_batch_size 2 --global_batch_size 4 --seed 42 --train_iters 10
@@ -41,7 +43,7 @@ pt() { # pt NAME GPU PORT ENV... -- ARGS...
   mkdir -p "$W/runs/$name"
   gpu_id "$gpu" >"$W/runs/$name/gpu"
   # shellcheck disable=SC2086
-  env PYTHONHASHSEED="${HASH_SEED:-0}" "${envs[@]}" CUDA_VISIBLE_DEVICES="$(dev "$gpu")" NPROC_PER_NODE=1 MASTER_PORT="$port" \
+  env "${envs[@]}" CUDA_VISIBLE_DEVICES="$(dev "$gpu")" NPROC_PER_NODE=1 MASTER_PORT="$port" \
     HF_DATASETS_CACHE="$W/cache/$name" MODELSCOPE_CACHE="$W/cache/$name/ms" timeout -k 10 "$(cap 400)" \
     megatron pt "${COMMON[@]}" --output_dir "$W/runs/$name" "$@" ${EXTRA_PT_ARGS:-} >"$OUT/$name.log" 2>&1
   echo $? >"$W/runs/$name/rc"
@@ -66,17 +68,16 @@ S="env LOGDIR=$OUT python3 tests/gpu/summarize.py"
 R=$W/runs
 ran() { for n in "$@"; do [ "$(cat "$R/$n/rc")" = 0 ] || return 1; done; } # a run cut short proves nothing
 for g in $(seq 0 $((NG - 1))); do
-  say "-- GPU $g, deterministic algorithms: control, then PLT K=1 vs stock"
-  $S same "det_stock_g$g=$R/det_stock_g$g" "det_stock_rep_g$g=$R/det_stock_rep_g$g" 2>&1 | tee -a "$SUM"
-  control=$?
-  $S same "det_plt1_g$g=$R/det_plt1_g$g" "det_stock_g$g=$R/det_stock_g$g" 2>&1 | tee -a "$SUM"
-  rc=$?
-  ran "det_plt1_g$g" "det_stock_g$g" "det_stock_rep_g$g" || rc=1
-  [ $control = 0 ] || say "   control differs: this GPU is not run-to-run deterministic with deterministic_mode"
-  check "det:gpu$g" $((rc | control))
-  say "-- GPU $g, defaults (information): control, then PLT K=1 vs stock"
-  $S same "stock_g$g=$R/stock_g$g" "stock_rep_g$g=$R/stock_rep_g$g" 2>&1 | tee -a "$SUM"
-  $S same "plt1_g$g=$R/plt1_g$g" "stock_g$g=$R/stock_g$g" 2>&1 | tee -a "$SUM"
+  for grp in det: default:; do
+    p=${grp%:}_
+    [ "$p" = default_ ] && p=
+    say "-- GPU $g, ${grp%:}: PLT K=1 vs stock, where stock = its repeat bit for bit"
+    $S agree "$XTOL" "$MIN_AGREE" "${p}plt1_g$g=$R/${p}plt1_g$g" "${p}stock_g$g=$R/${p}stock_g$g" \
+      "${p}stock_rep_g$g=$R/${p}stock_rep_g$g" 2>&1 | tee -a "$SUM"
+    rc=$?
+    ran "${p}plt1_g$g" "${p}stock_g$g" "${p}stock_rep_g$g" || rc=1
+    check "${grp}gpu$g" $rc
+  done
 done
 if [ "$NG" -ge 2 ]; then
   say "-- across GPUs 0 and 1 (deterministic; different cards: within XTOL=$XTOL, not bit for bit)"

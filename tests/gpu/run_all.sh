@@ -10,9 +10,8 @@
 #     a. PLT K=4, THD (padding_free default), 60 iters; 10-iter variants --padding_free false and --packing true:
 #        each loss curve must fall
 #     c. K=1 identity: llama3_2_plt --patch_size 1 vs stock --model_type llama with the plugin disabled
-#        (SWIFT_PLT_DISABLE=1, i.e. upstream ms-swift), both on GPU 0 with deterministic settings: printed loss and
-#        grad_norm strings identical at every step; a repeat of the stock run on GPU 0 is the control (must be identical) (when upstream itself is not run-to-run identical on this machine
-#        the comparison says so and is not counted; k1_identity.sh has deterministic-mode controls)
+#        (SWIFT_PLT_DISABLE=1, i.e. upstream ms-swift), all on GPU 0, deterministic algorithms: printed loss and
+#        grad_norm strings identical on every step where stock = its repeat, within 1e-3 after (k1_identity.sh)
 #     d. parity.py: the Megatron PLT model (llama3_2_plt) vs PatchTrain's formula on HF LlamaForCausalLM, K=1 vs
 #        stock GPT (random init and after a.'s 60 steps); the other families: families.sh
 #     e. benchmarks/loss/plt_loss_bench.py (time and memory of the PLT loss vs megatron's cross entropy)
@@ -102,8 +101,8 @@ launch pt a_pack "$G1" 1 29603 -- "${PLT[@]}" --patch_size 4 --train_iters 10 --
 [ "$NGPU" -ge 2 ] && launch pt b_ref 1 1 29604 -- "${PLT[@]}" --patch_size 4 --train_iters 10
 # c.: all three on GPU 0 (bit for bit holds on one card; across cards: k1_identity.sh)
 # shellcheck disable=SC2086
-# deterministic settings (k1_identity.sh says why): with the defaults upstream's own repeat can differ under load
-C=(NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 PYTHONHASHSEED=0)
+# deterministic algorithms; upstream's own repeat is the control (it can differ from step ~9: k1_identity.sh)
+C=(NVTE_ALLOW_NONDETERMINISTIC_ALGO=0)
 CD=(--train_iters 10 --megatron_extra_kwargs '{"deterministic_mode": true}')
 launch pt c_plt1 0 1 29605 "${C[@]}" -- "${PLT[@]}" --patch_size 1 "${CD[@]}" ${K1_MUTATION:-}
 launch pt c_stock 0 1 29606 "${C[@]}" SWIFT_PLT_DISABLE=1 -- --model_type llama "${CD[@]}"
@@ -121,13 +120,9 @@ $SUMPY curve "a.packing K=4 --packing true, 10 it" "$R/a_pack" "$OUT/a_pack.log"
   ran_ok a_pack
 check a.packing $?
 say "-- c. K=1 identity (exact printed loss/grad_norm strings, 10 steps)"
-$SUMPY same "control: stock llama=$R/c_stock" "stock llama repeat=$R/c_stock_rep" 2>&1 | tee -a "$SUM"
-control=$?
-$SUMPY same "llama3_2_plt --patch_size 1=$R/c_plt1" "stock llama (SWIFT_PLT_DISABLE)=$R/c_stock" 2>&1 | tee -a "$SUM" &&
-  ran_ok c_plt1 c_stock
-rc=$?
-[ $control = 0 ] || say "   control differs: upstream is not run-to-run deterministic here with deterministic settings"
-check c.k1-identity $((rc | control))
+$SUMPY agree 1e-3 5 "llama3_2_plt --patch_size 1=$R/c_plt1" "stock llama (SWIFT_PLT_DISABLE)=$R/c_stock" \
+  "stock repeat=$R/c_stock_rep" 2>&1 | tee -a "$SUM" && ran_ok c_plt1 c_stock c_stock_rep
+check c.k1-identity $?
 
 # ------------------------------------------------------------ 2. parity.py (1 GPU) beside TP=2 / PP=2 (2 GPUs)
 PARITY_MODELS=(--model-type llama3_2_plt --model "$TINY/model" --tag tiny-random-init)

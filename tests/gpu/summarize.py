@@ -5,6 +5,8 @@
     summarize.py compare TOL REF_LABEL=REF_DIR LABEL=DIR ...     step-1 loss of each, relative diffs to the reference
     summarize.py same    LABEL_A=DIR_A LABEL_B=DIR_B              loss / grad_norm strings identical at every step?
     summarize.py close   RTOL LABEL_A=DIR_A LABEL_B=DIR_B         loss / grad_norm within RTOL (relative) at every step?
+    summarize.py agree   RTOL MIN A=DIR B=DIR CTRL=DIR            A = B bit for bit wherever B = CTRL (>= MIN steps), else
+                                                                  within RTOL
     summarize.py tps     LABEL=DIR:TOKENS_PER_STEP ... [--warm N]  tokens/s over the steps after warm-up, ratios
 
 RUN_DIR is the --output_dir of the run (logging.jsonl sits in its v*-<time>/ subfolder); it holds `rc` and `secs`
@@ -168,6 +170,32 @@ def cmd_close(rtol, arg_a, arg_b):
     return 0 if ok else 1
 
 
+def cmd_agree(rtol, min_steps, arg_a, arg_b, arg_c):
+    """A = B bit for bit on the steps where B and its repeat CTRL print identical strings (upstream's own run-to-run
+    agreement: its first MIN steps at least), within RTOL on the steps after; A follows B or CTRL exactly?"""
+    (la, da), (lb, db), (lc, dc) = split_arg(arg_a), split_arg(arg_b), split_arg(arg_c)
+    a, b, c = read_rows(da), read_rows(db), read_rows(dc)
+    if not a or len(a) != len(b) or len(b) != len(c):
+        print(f'{la} vs {lb}: {len(a)}/{len(b)}/{len(c)} steps ({la} {meta(da)}): NOT COMPARABLE')
+        return 1
+    key = lambda r: (r['loss'], r['grad_norm'])  # noqa: E731
+    prefix = next((i for i, (x, y) in enumerate(zip(b, c)) if key(x) != key(y)), len(b))
+    same = next((i for i in range(prefix) if key(a[i]) != key(b[i])), None)
+    worst = max(abs(float(x['json'][k]) - float(y['json'][k])) / max(abs(float(y['json'][k])), 1e-12)
+                for x, y in zip(a[prefix:], b[prefix:]) for k in ('loss', 'grad_norm')) if prefix < len(b) else 0.0
+    follows = [lbl for lbl, rows in ((lb, b), (lc, c)) if all(key(x) == key(y) for x, y in zip(a, rows))]
+    ok = same is None and prefix >= int(min_steps) and (worst <= float(rtol) or bool(follows))
+    why = '' if ok else (f'; differs at step {a[same]["step"]} where upstream agrees with itself: loss {a[same]["loss"]} '
+                         f'vs {b[same]["loss"]}, grad_norm {a[same]["grad_norm"]} vs {b[same]["grad_norm"]}'
+                         if same is not None else f'; upstream agrees with itself on {prefix} steps only (< {min_steps})'
+                         if prefix < int(min_steps) else f'; after step {prefix} rel diff {worst:.2e} > {rtol}')
+    print(f'{la} ({meta(da)}) vs {lb} ({meta(db)}), control {lc}: upstream = its repeat on steps 1..{prefix} of '
+          f'{len(b)}; {la} = {lb} bit for bit there: {"yes" if same is None else "NO"}; after: max rel diff '
+          f'{worst:.2e}, {la} identical to {" and ".join(follows) or "neither"} at every step -> '
+          f'{"AGREES" if ok else "DIFFERENT"}{why}')
+    return 0 if ok else 1
+
+
 def cmd_tps(args):
     warm = 5
     if '--warm' in args:
@@ -207,6 +235,8 @@ def main(argv):
         return cmd_same(*args)
     if cmd == 'close':
         return cmd_close(*args)
+    if cmd == 'agree':
+        return cmd_agree(*args)
     if cmd == 'tps':
         return cmd_tps(args)
     raise SystemExit(__doc__)

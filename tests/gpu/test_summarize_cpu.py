@@ -46,3 +46,18 @@ def test_close_is_within_the_relative_tolerance(tmp_path, capsys):
     assert summarize.main(['close', '1e-4', a, near]) == 1
     assert summarize.main(['close', '1e-3', a, run_dir(tmp_path, 'c', LOSS[:2] + [LOSS[2] * 1.01], GN)]) == 1
     assert summarize.main(['close', '1e-3', a, run_dir(tmp_path, 'd', LOSS[:2], GN[:2])]) == 1
+
+
+def test_agree_is_bit_for_bit_where_upstream_agrees_with_itself(tmp_path, capsys):
+    """Upstream's repeat splits at step 3 (as its step-9 grad norm did on 2xH200): PLT must equal stock on steps 1-2
+    bit for bit and be close after; a difference inside the agreeing steps fails, however small."""
+    split = GN[:2] + [1.25 * (1 + 1e-6)]
+    stock, rep = run_dir(tmp_path, 'stock', LOSS, GN), run_dir(tmp_path, 'rep', LOSS, split)
+    assert summarize.main(['agree', '1e-3', '2', run_dir(tmp_path, 'a', LOSS, split), stock, rep]) == 0
+    assert 'identical to rep at every step -> AGREES' in capsys.readouterr().out
+    assert summarize.main(['agree', '1e-3', '2', run_dir(tmp_path, 'b', LOSS, GN[:2] + [1.2501]), stock, rep]) == 0
+    assert summarize.main(['agree', '1e-5', '2', run_dir(tmp_path, 'c', LOSS, GN[:2] + [1.2501]), stock, rep]) == 1
+    mutated = run_dir(tmp_path, 'd', LOSS, [GN[0], 1.50000001, GN[2]])  # one digit at step 2
+    assert summarize.main(['agree', '1e-3', '2', mutated, stock, rep]) == 1
+    assert 'differs at step 2 where upstream agrees with itself' in capsys.readouterr().out
+    assert summarize.main(['agree', '1e-3', '3', run_dir(tmp_path, 'e', LOSS, GN), stock, rep]) == 1  # too few steps
