@@ -36,8 +36,6 @@ def resolve_critic_args(args) -> None:
     if getattr(args, 'task_type', 'causal_lm') != 'causal_lm':
         problems.append(f'--task_type {args.task_type} (the critic reads the response from causal-LM labels; '
                         'use the default causal_lm)')
-    if getattr(args, 'packing', False):
-        problems.append('--packing true (use the default padding-free batches, or --padding_free false)')
     if getattr(args, 'lazy_tokenize', False) or getattr(args, 'streaming', False):
         problems.append('--lazy_tokenize/--streaming (critic rows are validated when the dataset is encoded, '
                         'before step 1; drop them)')

@@ -3,7 +3,7 @@
 In the spirit of verl's engine API (a worker drives ``forward_backward_batch`` + ``optimizer_step`` with a loss
 function it sets), on megatron's own pipeline schedules (``get_forward_backward_func``) and optimizer:
 
-    critic = MegatronCritic(models, optimizer, micro_batch_size=4, clip_range=0.2)
+    critic = MegatronCritic(models, optimizer, max_tokens_per_micro_batch=16384, clip_range=0.2)
     old_values = critic.compute_values(batch)                        # [B, S-1], on every rank
     batch.update(returns=..., value_mask=..., old_values=old_values)  # value-aligned [B, S-1]
     metrics = critic.update_critic(batch)                            # one optimizer step
@@ -17,13 +17,24 @@ Alignment (swift_plt.critic.data): ``values[:, t]`` is the value of the state af
 return of token t+1; for a response of R tokens at the end of the sequence, ``values[:, -R:]`` (verl's
 ``values[:, -R-1:-1]`` of the [B, S] output). ``response_to_values`` places [B, R] response tensors there.
 
+Padding removal (``remove_padding=True``, the default, as verl's ``use_remove_padding``): each micro-batch runs as
+one packed THD row, each row's tokens one sequence (megatron ``PackedSeqParams`` from ms-swift's
+``get_packed_seq_params``: no attention across rows, RoPE positions 0..n-1 per row), so a micro-batch costs its real
+tokens, not rows x S (swift_plt.critic.thd). Rows are grouped ``micro_batch_size`` at a time, or with
+``max_tokens_per_micro_batch`` into balanced micro-batches of at most that many tokens (a longer row alone); the
+values come back to the caller's ``[B, S-1]`` layout and the loss is the token mean over the whole batch either way.
+``remove_padding=False`` runs the left-aligned rows padded (the causal mask alone is exact, see ``left_align``).
+Layout padding, as ms-swift pads its batches: under sequence parallel the row / packed row to a multiple of TP, under
+context parallel each row / sequence to a multiple of 2*CP (``thd.layout_multiples``).
+
 Context parallel (the model built with ``context_parallel_size`` N > 1, megatron DDP-wrapped for updates): each
-micro-batch's rows are right-padded to a multiple of 2*N tokens and split like ms-swift splits a padded batch
-(mcore-bridge ``split_cp_inputs``, zigzag: the layout of Transformer Engine's CP attention); the per-token values are
-gathered back (ms-swift ``reconstruct_tensor_cp``, which keeps the autograd graph of this rank's slice) to the
-caller's ``[B, S-1]`` layout on every rank. The loss function therefore sees the whole micro-batch, as without CP,
-on every CP rank; its gradient reaches the weights through each rank's own slice only, and megatron sums the ranks'
-gradients (DDP over data x context parallel, the schedule's CP factor), so the step is the 1-rank step.
+micro-batch is split like ms-swift splits its batches (mcore-bridge ``split_cp_inputs``, zigzag: the layout of
+Transformer Engine's CP attention; per sequence for THD); the per-token values are gathered back (ms-swift
+``reconstruct_tensor_cp``, which keeps the autograd graph of this rank's slice) to the caller's ``[B, S-1]`` layout
+on every rank. The loss function therefore sees the whole micro-batch, as without CP, on every CP rank; its gradient
+reaches the weights through each rank's own slice only, and megatron sums the ranks' gradients (DDP over data x
+context parallel, the schedule's CP factor), so the step is the 1-rank step. Virtual pipeline: every model chunk
+reads the same micro-batches (by tokens: their number rounded up to a multiple of PP).
 
 Loss function (``set_loss_fn``): ``fn(values [b, S-1] fp32, micro_batch) -> (loss, metrics)`` where ``loss`` is the
 mean over the micro-batch's value tokens (``value_mask``); the engine weights micro-batches by their token counts,
@@ -123,19 +134,28 @@ def unalign_values(values: torch.Tensor, start: torch.Tensor, attention_mask: Op
 class MegatronCritic:
     """See the module docstring. ``models``: this rank's model chunk(s) of the critic (a list, as mcore-bridge's
     ``get_mcore_model`` / ms-swift build them; megatron DDP-wrapped for training with a megatron optimizer).
-    ``optimizer``: a megatron ``MegatronOptimizer`` (``get_megatron_optimizer``) or any torch optimizer."""
+    ``optimizer``: a megatron ``MegatronOptimizer`` (``get_megatron_optimizer``) or any torch optimizer.
+    ``micro_batch_size``: rows per micro-batch (default: the whole batch); ``max_tokens_per_micro_batch`` (packed
+    only, instead): tokens per micro-batch; ``remove_padding``: packed THD rows (default) or padded rows."""
 
     def __init__(self,
                  models: List[torch.nn.Module],
                  optimizer=None,
                  *,
                  micro_batch_size: Optional[int] = None,
+                 max_tokens_per_micro_batch: Optional[int] = None,
+                 remove_padding: bool = True,
                  clip_range: Optional[float] = None,
                  loss_fn: Optional[LossFn] = None):
         from megatron.core.utils import get_model_config
         self.models = list(models)
         self.optimizer = optimizer
         self.micro_batch_size = micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.remove_padding = remove_padding
+        if max_tokens_per_micro_batch is not None and (micro_batch_size is not None or not remove_padding):
+            raise ValueError('MegatronCritic(max_tokens_per_micro_batch=...) groups packed rows by tokens: it needs '
+                             'remove_padding=True and no micro_batch_size (rows per micro-batch).')
         self.clip_range = clip_range
         self.loss_fn = loss_fn or self.default_loss_fn
         config = get_model_config(self.models[0])
@@ -184,47 +204,93 @@ class MegatronCritic:
                                  f'output, got {tuple(batch[k].shape)} (a [B, R] response tensor: '
                                  'response_to_values(x, S)).')
 
-    def _micro_batches(self, batch) -> List[Dict[str, torch.Tensor]]:
-        """``batch`` (already ``left_align``-ed: attention_mask and position_ids set) -> micro-batches."""
+    @property
+    def _multiples(self):
+        """(per-sequence, per-row/total) token multiples of this model's layout (swift_plt.critic.thd)."""
+        if getattr(self, '_multiples_cache', None) is None:
+            from swift_plt.critic.thd import layout_multiples
+            self._multiples_cache = layout_multiples(self.config)
+        return self._multiples_cache
+
+    def _row_groups(self, batch) -> List[List[int]]:
+        """Row indices of each micro-batch: ``micro_batch_size`` consecutive rows (default: the whole batch), or
+        rows grouped by token count up to ``max_tokens_per_micro_batch`` (``thd.partition_by_tokens``)."""
         B = batch['input_ids'].shape[0]
+        if getattr(self, 'max_tokens_per_micro_batch', None) is not None:
+            from megatron.core import parallel_state as mpu
+
+            from swift_plt.critic.thd import partition_by_tokens
+            seq = self._multiples[0]
+            n = batch['attention_mask'].long().sum(1).clamp(min=1)
+            lengths = ((n + seq - 1) // seq * seq).tolist()
+            vpp = len(self.models) > 1  # interleaved schedule: a multiple of PP micro-batches
+            return partition_by_tokens(lengths, self.max_tokens_per_micro_batch,
+                                       mpu.get_pipeline_model_parallel_world_size() if vpp else 1)
         mbs = self.micro_batch_size or B
         if B % mbs:
             raise ValueError(f'batch size {B} is not a multiple of micro_batch_size {mbs}')
-        return [{k: v[i:i + mbs] if isinstance(v, torch.Tensor) else v
-                 for k, v in batch.items()} for i in range(0, B, mbs)]
+        return [list(range(i, i + mbs)) for i in range(0, B, mbs)]
+
+    def _micro_batches(self, batch) -> List[Dict[str, torch.Tensor]]:
+        """``batch`` (already ``left_align``-ed: attention_mask and position_ids set) -> micro-batches (each with
+        ``_rows``: its rows' indices in ``batch``)."""
+        out = []
+        for rows in self._row_groups(batch):
+            idx = torch.tensor(rows, device=batch['input_ids'].device)
+            mb = {k: v[idx] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+            mb['_rows'] = idx
+            out.append(mb)
+        return out
+
+    @staticmethod
+    def _check_positions(batch):
+        """Packed rows restart RoPE positions at 0 per row (as Transformer Engine's THD kernels do): the caller's
+        ``position_ids`` must be 0..n-1 on each row's tokens (the default, and verl's)."""
+        pos, real = batch['position_ids'], batch['attention_mask'].bool()
+        expected = torch.arange(pos.shape[1], device=pos.device)[None].expand_as(pos)
+        if not torch.equal(pos[real], expected[real]):
+            bad = int(((pos != expected) & real).any(1).nonzero()[0])
+            raise ValueError(f'batch["position_ids"] row {bad} is not 0, 1, ..., n-1 over its tokens: the packed '
+                             '(remove_padding=True) path gives every row positions 0..n-1. Pass the default '
+                             'positions (cumsum(attention_mask) - 1), or MegatronCritic(remove_padding=False).')
 
     def forward_backward_step(self, batch: Dict[str, torch.Tensor], forward_only: bool) -> List[dict]:
         """One pass of megatron's schedule over ``batch`` split into micro-batches; gradients accumulate unless
-        ``forward_only``. Returns, on the last pipeline stage, one dict per micro-batch (``values`` when
-        ``forward_only``, in the row layout of ``left_align``; else ``loss``, the sums of ``loss.STAT_KEYS`` and the
-        loss function's metrics); elsewhere an empty list."""
+        ``forward_only``. Returns, on the last pipeline stage, one dict per micro-batch (``values`` and their
+        ``rows`` when ``forward_only``, in the row layout of ``left_align``; else ``loss``, the sums of
+        ``loss.STAT_KEYS`` and the loss function's metrics); elsewhere an empty list."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from swift_plt.critic.model import values as values_of  # [B, S, 1] -> [B, S-1]
         self._check_batch(batch, forward_only)
         batch, _ = left_align(batch)
-        micro_batches = self._micro_batches(batch)
         device = next(self.models[0].parameters()).device
-        micro_batches = [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
-                         for mb in micro_batches]
+        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        if self.remove_padding:
+            self._check_positions(batch)
+        micro_batches = self._micro_batches(batch)
         total_tokens = None if forward_only else sum(float(mb['value_mask'].sum()) for mb in micro_batches)
         num_mb = len(micro_batches)
         S = batch['input_ids'].shape[1]
-        cp_inputs = [self._cp_split(mb) for mb in micro_batches]
-        seq_length = cp_inputs[0]['input_ids'].shape[1] * self.cp_size
-        data = iter(list(zip(micro_batches, cp_inputs)))
+        inputs = self._packed_inputs(micro_batches) if self.remove_padding else \
+            [self._padded_inputs(mb) for mb in micro_batches]
+        items = list(zip(micro_batches, inputs))
+        # one iterator per model chunk (virtual pipeline: each chunk reads every micro-batch in order)
+        data = [iter(items) for _ in self.models] if len(self.models) > 1 else iter(items)
 
         def forward_step(data_iterator, model):
-            mb, inputs = next(data_iterator)
-            # rows are left-aligned (padding at the right only): the causal mask is exact for every token, on every
-            # attention backend (see left_align); outputs at padding positions are never used
-            output = model(input_ids=inputs['input_ids'], position_ids=inputs['position_ids'], attention_mask=None)
+            mb, inp = next(data_iterator)
+            # padded: rows are left-aligned (padding at the right only), so the causal mask is exact for every token
+            # on every attention backend (see left_align); packed (THD): one sequence per row, padding after its
+            # tokens. Outputs at padding positions are never used.
+            output = model(input_ids=inp['input_ids'], position_ids=inp['position_ids'], attention_mask=None,
+                           packed_seq_params=inp['packed_seq_params'])
 
             def loss_func(output_tensor):
-                output_tensor = self._cp_gather(output_tensor)[:, :S]  # [b, S, 1], every CP rank
+                output_tensor = self._to_rows(output_tensor, inp, S)  # [b, S, 1], every CP rank
                 values = values_of(output_tensor).float()  # [b, S-1], value-aligned
                 if forward_only:
-                    return values.sum() * 0, {'values': values.detach()}
+                    return values.sum() * 0, {'values': values.detach(), 'rows': mb['_rows']}
                 loss, metrics = self.loss_fn(values, mb)
                 n = mb['value_mask'].float().sum()
                 # the schedule divides by the number of micro-batches: weight by this micro-batch's token share
@@ -241,20 +307,62 @@ class MegatronCritic:
             data_iterator=data,
             model=self.models,
             num_microbatches=num_mb,
-            seq_length=seq_length,
-            micro_batch_size=micro_batches[0]['input_ids'].shape[0],
+            seq_length=max(inp['seq_length'] for inp in inputs),
+            micro_batch_size=inputs[0]['input_ids'].shape[0],
             forward_only=forward_only)
 
-    def _cp_split(self, mb):
-        """This CP rank's slice of a micro-batch's token inputs: rows right-padded to a multiple of 2*CP, then
-        split along the sequence (zigzag, as ms-swift splits a padded batch). Without CP: the inputs as they are."""
+    def _padded_inputs(self, mb):
+        """Model inputs of a padded micro-batch: rows right-padded to the layout's multiple (2*CP under context
+        parallel, TP under sequence parallel: ms-swift's ``get_padding_to``), then this CP rank's zigzag slice
+        (as ms-swift splits a padded batch)."""
         inputs = {k: mb[k] for k in ('input_ids', 'position_ids')}
-        if self.cp_size == 1:
-            return inputs
-        from mcore_bridge import split_cp_inputs
         S = inputs['input_ids'].shape[1]
-        pad = -S % (2 * self.cp_size)  # right padding: the causal mask keeps it out of every real token
-        return {k: split_cp_inputs(torch.nn.functional.pad(v, (0, pad)), None, 1) for k, v in inputs.items()}
+        pad = -S % self._multiples[1]  # right padding: the causal mask keeps it out of every real token
+        if pad:
+            inputs = {k: torch.nn.functional.pad(v, (0, pad)) for k, v in inputs.items()}
+        if self.cp_size > 1:
+            from mcore_bridge import split_cp_inputs
+            inputs = {k: split_cp_inputs(v, None, 1) for k, v in inputs.items()}
+        return dict(inputs, packed_seq_params=None, seq_length=S + pad)
+
+    def _packed_inputs(self, micro_batches):
+        """Model inputs of each micro-batch as one packed THD row (swift_plt.critic.thd): its rows' tokens without
+        their padding, one sequence per row, then this CP rank's slice (mcore-bridge ``split_cp_inputs`` per
+        sequence, as ms-swift splits a padding-free batch). Under a pipeline without ``variable_seq_lengths``
+        every micro-batch is padded to the longest."""
+        from swift_plt.critic.thd import pack_rows, packed_seq_params
+        seq_m, total_m = self._multiples
+        lengths = [mb['attention_mask'].long().sum(1) for mb in micro_batches]
+        packed = [pack_rows(mb['input_ids'], n, seq_m, total_m) for mb, n in zip(micro_batches, lengths)]
+        if len(self.models) > 1 or self.config.pipeline_model_parallel_size > 1:
+            if not getattr(self.config, 'variable_seq_lengths', False):
+                T = max(p['input_ids'].shape[1] for p in packed)
+                packed = [pack_rows(mb['input_ids'], n, seq_m, total_m, total=T)
+                          for mb, n in zip(micro_batches, lengths)]
+        out = []
+        for p, n in zip(packed, lengths):
+            psp = packed_seq_params(p['position_ids'])
+            psp.seq_lens, psp.num_samples = n, int(n.shape[0])  # as ms-swift's prepare_batch sets them
+            inputs = {k: p[k] for k in ('input_ids', 'position_ids')}
+            if self.cp_size > 1:
+                from mcore_bridge import split_cp_inputs
+                inputs = {k: split_cp_inputs(v, psp.cu_seqlens_q, 1) for k, v in inputs.items()}
+            out.append(dict(inputs, packed_seq_params=psp, seq_length=p['input_ids'].shape[1], lengths=n,
+                            cu_seqlens=p['cu_seqlens']))
+        return out
+
+    def _to_rows(self, output, inputs, S):
+        """This rank's model output -> [b, S, 1] in the micro-batch's row layout, on every CP rank (autograd through
+        this rank's slice)."""
+        psp = inputs['packed_seq_params']
+        if psp is None:
+            return self._cp_gather(output)[:, :S]
+        from swift_plt.critic.thd import unpack_rows
+        if self.cp_size > 1:
+            # ms-swift's THD gather (swift.megatron.utils' variant needs Transformer Engine's index helper for THD)
+            from swift.megatron.trainers.utils import reconstruct_tensor_cp as reconstruct_thd
+            output = reconstruct_thd(self.cp_size, output, psp, psp.num_samples, 'zigzag')
+        return unpack_rows(output, inputs['cu_seqlens'], inputs['lengths'], S)
 
     def _cp_gather(self, output):
         """[b, S/CP, 1] of this rank -> [b, S, 1] in sequence order (autograd through this rank's slice)."""
@@ -289,7 +397,11 @@ class MegatronCritic:
         with torch.no_grad():
             out = self.forward_backward_step(batch, forward_only=True)
         B, S = batch['input_ids'].shape
-        values = torch.cat([o['values'] for o in out]) if out else None
+        values = None
+        if out:
+            values = out[0]['values'].new_zeros(B, S - 1)
+            for o in out:  # micro-batches may group rows out of order (max_tokens_per_micro_batch)
+                values[o['rows']] = o['values']
         values = self._from_last_stage(values, (B, S - 1))
         _, start = left_align({k: batch.get(k) for k in ('input_ids', 'attention_mask')})
         return unalign_values(values, start, batch.get('attention_mask'))

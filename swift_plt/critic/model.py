@@ -40,8 +40,8 @@ TP/PP/DP layout and seed, so runs on different layouts start from the same criti
 
 Context parallel: the model runs as any GPTModel under CP (each CP rank outputs the values of its slice of the
 sequence); training (``megatron sft``, swift_plt.critic.trainer) shifts the targets to value positions before the CP
-split, so each value/target pair is local to a rank. The ``MegatronCritic`` engine refuses CP (its ``values()``
-shift by one token would cross CP slice boundaries; see swift_plt.critic.engine).
+split, so each value/target pair is local to a rank. The ``MegatronCritic`` engine gathers each micro-batch's values
+over the CP ranks before the shift (see swift_plt.critic.engine).
 
 Not supported (refused in ``CriticModelConfig`` with a message): MTP, a checkpoint of another family than the critic
 model type's (``families.family_refusal``), patch-level training (``--patch_size`` > 1 is refused for critics by

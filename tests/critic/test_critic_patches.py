@@ -36,10 +36,10 @@ def test_critic_run_keeps_row_fields_and_is_strict():
     args = make_args(value_clip_range=0.2)
     resolve_critic_args(args)
     assert args.remove_unused_columns is False and args.strict is True
+    resolve_critic_args(make_args(packing=True))  # --packing: rows binned, targets packed with their tokens
 
 
 @pytest.mark.parametrize('kw, message', [
-    (dict(packing=True), '--packing true'),
     (dict(lazy_tokenize=True), '--lazy_tokenize/--streaming'),
     (dict(streaming=True), '--lazy_tokenize/--streaming'),
     (dict(truncation_strategy='left'), '--truncation_strategy left'),

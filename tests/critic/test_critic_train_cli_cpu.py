@@ -1,6 +1,7 @@
 """Critic training through the stock `megatron sft` CLI on CPU (tests/harness): the value loss falls on a learnable
 target and a run resumed from the mcore checkpoint continues it exactly, the clipped loss runs on per-token returns +
-old values, bad input fails before step 1 with its message."""
+old values and --packing true trains on the same rows exactly as padded rows, bad input fails before step 1 with its
+message."""
 import glob
 import json
 import math
@@ -66,14 +67,34 @@ def test_value_loss_falls_and_resume_continues(tiny, tmp_path):
                                                                               for d in logs[5:]]
 
 
-def test_clipped_value_loss_on_per_token_returns(tiny, tmp_path):
+def test_clipped_value_loss_on_per_token_returns_packed_equals_padded(tiny, tmp_path):
+    """The clipped loss on per-token returns + old values, padded rows (--padding_free false), every step the whole
+    dataset (32 rows); then --packing true with all rows in one pack (THD, one sequence per row): the same rows, so
+    the same value loss, clipfrac and explained variance at every step (fp32): each row's returns and old values
+    stay with its tokens, and no target crosses a document boundary."""
     model, root = tiny
-    data = write_critic_jsonl(root / 'returns.jsonl', kind='returns')
-    proc = critic_sft(model, data, tmp_path, '--value_clip_range', '0.2', iters=3)
+    data = write_critic_jsonl(root / 'returns.jsonl', kind='returns', rows=32)
+    proc = critic_sft(model, data, tmp_path / 'padded', '--value_clip_range', '0.2', '--padding_free', 'false',
+                      '--global_batch_size', '32', iters=3)
     assert proc.returncode == 0, proc.stdout[-5000:]
     logs = parse_logs(proc.stdout)
     assert len(logs) == 3 and all(math.isfinite(d['value_loss']) for d in logs), proc.stdout[-3000:]
     assert all(0.0 <= d['value_clipfrac'] <= 1.0 for d in logs)
+    # --attention_backend local: ms-swift turns padding-free (THD) off under 'unfused' (_check_padding_free), and
+    # --packing would then collate the pack's rows padded; 'local' is megatron's local attention, as 'unfused' here
+    packed = critic_sft(model, data, tmp_path / 'packed', '--value_clip_range', '0.2', '--packing', 'true',
+                        '--packing_length', '2048', '--micro_batch_size', '1', '--global_batch_size', '1',
+                        '--attention_backend', 'local', iters=3)
+    assert packed.returncode == 0, packed.stdout[-5000:]
+    assert 'not supported in padding-free mode' not in packed.stdout  # really THD
+    packed_logs = parse_logs(packed.stdout)
+    keys = ('value_loss', 'value_clipfrac', 'explained_variance', 'value_mean', 'returns_mean')
+    print('padded', [{k: d[k] for k in keys} for d in logs], '\npacked', [{k: d[k] for k in keys} for d in packed_logs])
+    assert len(packed_logs) == 3
+    for a, b in zip(packed_logs, logs):
+        assert a['grad_norm'] == pytest.approx(b['grad_norm'], rel=1e-5)
+        for k in keys:  # explained variance: 1 - Var/Var from fp32 sums (cancellation), so absolute
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-4 if k == 'explained_variance' else 1e-7), (k, a, b)
 
 
 # Every data error is tested at the template (tests/critic/test_critic_data.py); here one data error and one argument error

@@ -435,6 +435,7 @@ def _model_worker(hf_dir, cases, mutation=None):
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from harness import cp_attention
+    from harness.critic_paths import packed_vs_padded
     from harness.model import build_mcore_model
     from swift.megatron.trainers.utils import prepare_batch
     from swift_plt.plugin.register import register_mcore
@@ -567,9 +568,11 @@ def _critic_batch(seed=0):
     attention_mask = torch.ones(CB, CS, dtype=torch.long)
     attention_mask[1, :3] = 0  # left-padded prompt (verl layout)
     input_ids[1, :3] = 3
+    attention_mask[3, -2:] = 0  # right-padded response
+    input_ids[3, -2:] = 3
     returns = torch.rand(CB, CR, generator=g) * 2 - 1
     mask = torch.ones(CB, CR)
-    mask[2, -2:] = 0
+    mask[2:, -2:] = 0
     return input_ids, attention_mask, returns, mask
 
 
@@ -579,6 +582,7 @@ def _critic_worker(critic_dir, mbs):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from harness import cp_attention
+    from harness.critic_paths import packed_vs_padded
     from harness.model import build_mcore_model
     from swift_plt.critic.engine import MegatronCritic, response_to_values
     from swift_plt.plugin.register import register_critic_mcore
@@ -597,6 +601,8 @@ def _critic_worker(critic_dir, mbs):
     out = {'values': critic.compute_values(batch)}
     batch.update(returns=response_to_values(returns, CS), value_mask=response_to_values(mask, CS),
                  old_values=out['values'] + 0.1)
+    # padding removed (the default) vs padded, also micro-batches by tokens (rows padded to 16, 12, 16, 12 at CP=2)
+    out['paths'] = packed_vs_padded(models, optimizer, batch, mbs, 32, clip_range=0.2)
     out['metrics'] = critic.update_critic(batch)
     out['values_after'] = critic.compute_values(batch)
     return out
@@ -611,11 +617,18 @@ def critic_dir(tmp_path_factory, hf_dir):
 @pytest.mark.slow
 def test_critic_engine_cp2_equals_one_rank(critic_dir):
     """Values gathered to [B, S-1] on every CP rank, one clipped-loss update with 2 micro-batches: the same values,
-    metrics, gradient norm and updated values as 1 rank (fp32)."""
+    metrics, gradient norm and updated values as 1 rank (fp32). In both runs the packed path (THD rows, each
+    sequence split zigzag on its own) and the packed path by tokens equal the padded path (values, loss,
+    gradients)."""
+    from harness.critic_paths import assert_packed_equals_padded
     (ref, ) = spawn(_critic_worker, 1, critic_dir, 2)
     results = spawn(_critic_worker, 2, critic_dir, 2, cp=2)
     assert ref['values'].shape == (CB, CS - 1)
-    for r in results:
+    assert_packed_equals_padded(ref['paths'], '1 rank')
+    for rank, r in enumerate(results):
+        assert_packed_equals_padded(r['paths'], f'CP=2 rank {rank}')
+        torch.testing.assert_close(r['paths']['packed']['values'], ref['paths']['padded']['values'], rtol=1e-5,
+                                   atol=1e-6)
         torch.testing.assert_close(r['values'], ref['values'], rtol=1e-5, atol=1e-6)
         for key in ('value_loss', 'explained_variance', 'value_mean', 'grad_norm'):
             assert r['metrics'][key] == pytest.approx(ref['metrics'][key], rel=1e-5), key
