@@ -282,6 +282,12 @@ def family_config(name, tiny=False):
     return cfg
 
 
+def in_transformers(name):
+    """Whether the installed transformers has NAME's model type (transformers 4.57 has no glm4_moe_lite)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return FAMILIES[name][0]['model_type'] in CONFIG_MAPPING_NAMES
+
+
 def hf_config(cfg):
     from transformers import AutoConfig
     kw = {k: copy.deepcopy(v) for k, v in cfg.items() if k != 'model_type'}  # transformers edits rope_scaling

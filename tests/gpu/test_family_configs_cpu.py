@@ -37,14 +37,26 @@ def test_groups_cover_every_family_once():
     assert set(FAMILIES) - types == {'internlm3', 'mimo', 'deepseek', 'kimi_k2'}
 
 
+# the families of mfc.NAMES this transformers builds (4.57.x: all but glm4_moe_lite)
+BUILT = [n for n in mfc.NAMES if mfc.in_transformers(n)]
+
+
+def skip_unbuilt(name):
+    if name not in BUILT:
+        pytest.skip(f'{name}: model type {mfc.FAMILIES[name][0]["model_type"]} is not in this transformers')
+
+
 @pytest.mark.parametrize('name', list(CARD_PARAMS))
 def test_published_configs_have_the_model_card_size(name):
+    skip_unbuilt(name)
     n, _ = mfc.count_params(mfc.FAMILIES[name][0])
     assert n == pytest.approx(CARD_PARAMS[name], rel=0.03)
 
 
 def test_published_sizes_fit_one_80gb_gpu():
     for name, n in CUT_PARAMS.items():
+        if name not in BUILT:
+            continue
         s = mfc.sizes(mfc.family_config(name))
         assert s['params'] == pytest.approx(n, rel=2e-3), name
         # parity holds one model at a time: the fp64 reference (converted from fp32) is the peak
@@ -96,7 +108,8 @@ def test_group_limited_routing_guard():
 @pytest.fixture(scope='module')
 def tiny_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp('families')
-    assert mfc.main(['--out', str(out), '--tiny', '--device', 'cpu', '--json', str(out / 'models.json')]) == 0
+    assert mfc.main(['--out', str(out), '--tiny', '--device', 'cpu', '--json', str(out / 'models.json'),
+                     '--only', ','.join(BUILT)]) == 0
     return out
 
 
@@ -115,6 +128,8 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
                'kimi-k2-cut': 'DeepseekV3ForCausalLM'}
     assert set(classes) == set(mfc.NAMES)
     for name, cls in classes.items():
+        if name not in BUILT:
+            continue
         d = tiny_dirs / name
         cfg = json.load(open(d / 'config.json'))
         assert cfg == mfc.family_config(name, tiny=True) and report[name]['model_type'] == cfg['model_type']

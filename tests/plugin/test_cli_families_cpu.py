@@ -81,9 +81,8 @@ def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, t
     assert config['architectures'] == ['Qwen3MoeForCausalLM'] and 'patch_size' not in config
 
 
-@pytest.mark.parametrize('argv, message', [
+@pytest.mark.parametrize('argv, message', [  # the other refusals' messages: tests/plugin/test_arguments.py
     (['--model_type', 'qwen3', '--patch_size', '4', '--max_length', '62'], '--max_length 62 is not a multiple'),
-    (['--model_type', 'qwen3', '--patch_size', '4', '--mtp_num_layers', '1'], '--mtp_num_layers'),
 ])
 def test_megatron_pt_family_refusals_before_step_1(argv, message, models, tmp_path_factory, data, tmp_path):
     model = model_dir(models, tmp_path_factory, 'qwen3')
