@@ -16,16 +16,9 @@ import shutil
 import sys
 
 out, tok = sys.argv[1:3]
-cfg = {  # meta-llama/Llama-3.2-1B config.json
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
-    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False,
-    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
-    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
-    "vocab_size": 128256}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'tests', 'gpu'))
+from make_family_configs import LLAMA32_1B as cfg  # noqa: E402  (meta-llama/Llama-3.2-1B config.json)
+
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, 'config.json'), 'w') as f:  # the original file, as users download it
     json.dump(cfg, f, indent=2)

@@ -40,8 +40,8 @@ import torch  # noqa: E402
 
 B, S = 2, 256
 HERE = os.path.dirname(os.path.abspath(__file__))
-MOE_KWARGS = dict(moe_grouped_gemm=True, moe_router_dtype='fp32', moe_aux_loss_coeff=0.0)
-NVTE_ATTN_VARS = ('NVTE_FLASH_ATTN', 'NVTE_FUSED_ATTN', 'NVTE_UNFUSED_ATTN')
+sys.path.insert(0, HERE)
+from parity import MOE_KWARGS, NVTE_ATTN_VARS, is_moe, load_hf, read_config  # noqa: E402  (the families' HF side)
 TOL = dict(fp32=1e-4, bf16_mean=3e-2, bf16_tok=1e-1, export=1e-6, moe_share=0.01)
 
 
@@ -54,15 +54,6 @@ def exact_fp32():
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision('highest')
     torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def read_config(d):
-    with open(os.path.join(d, 'config.json')) as f:
-        return json.load(f)
-
-
-def is_moe(cfg):
-    return any(cfg.get(k) for k in ('num_experts', 'n_routed_experts', 'num_local_experts'))
 
 
 def batch(vocab):
@@ -103,7 +94,6 @@ def make(spec, out, layers, tiny, head_scale, seed):
                 model = AutoModelForTokenClassification.from_pretrained(lm, config=config, dtype=torch.bfloat16)
             tok_dir = lm
         else:
-            sys.path.insert(0, HERE)
             import make_family_configs as mfc
             cfg = cut_layers(mfc.family_config(spec, tiny), layers)
             config = critic_hf_config(mfc.hf_config(cfg))
@@ -137,27 +127,10 @@ def make(spec, out, layers, tiny, head_scale, seed):
 
 
 # ------------------------------------------------------------------------------------------------------ HF values
-def load_hf(model_dir, dtype):
-    from transformers import AutoModelForTokenClassification
-
-    from swift_plt.compat.transformers import hf_rope_guard
-    kw = dict(dtype=dtype, attn_implementation='eager', output_loading_info=True)
-    if is_moe(read_config(model_dir)):
-        kw['experts_implementation'] = 'eager'
-    with hf_rope_guard():
-        try:
-            return AutoModelForTokenClassification.from_pretrained(model_dir, **kw)
-        except (TypeError, ValueError):
-            if 'experts_implementation' not in kw:
-                raise
-            kw.pop('experts_implementation')
-            return AutoModelForTokenClassification.from_pretrained(model_dir, **kw)
-
-
 @torch.no_grad()
 def hf_values(model_dir, out):
     exact_fp32()
-    model, info = load_hf(model_dir, torch.float32)
+    model, info = load_hf(model_dir, torch.float32, 'AutoModelForTokenClassification', output_loading_info=True)
     ids = batch(model.config.vocab_size).to(device())
     model = model.to(device()).eval()
     res = {'class': type(model).__name__, 'moe': is_moe(read_config(model_dir)),
@@ -294,7 +267,7 @@ def export_check(name, orig, exported, ref_path, ignore_dtype=False):
     fields = ('architectures', 'num_labels', 'tie_word_embeddings', 'num_hidden_layers', 'rope_scaling')
     cfg_differ = [k for k in fields if getattr(ca, k, None) != getattr(cb, k, None)]
     exact_fp32()
-    model, info = load_hf(exported, torch.float32)
+    model, info = load_hf(exported, torch.float32, 'AutoModelForTokenClassification', output_loading_info=True)
     loading = {k: sorted(map(str, v)) for k, v in info.items() if isinstance(v, (set, list)) and v}
     ids = batch(model.config.vocab_size).to(device())
     with torch.no_grad():

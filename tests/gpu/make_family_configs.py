@@ -177,7 +177,7 @@ KIMI_K2 = {
     'use_cache': True, 'v_head_dim': 128, 'vocab_size': 163840,
 }  # yapf: disable
 
-# meta-llama/Llama-3.2-1B (llama: llama3 RoPE scaling, tied embeddings), as benchmarks/throughput/make_llama32_1b.py
+# meta-llama/Llama-3.2-1B (llama: llama3 RoPE scaling, tied embeddings); also the 1B shape of the benchmarks
 LLAMA32_1B = {
     'architectures': ['LlamaForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
     'bos_token_id': 128000, 'eos_token_id': 128001, 'head_dim': 64, 'hidden_act': 'silu', 'hidden_size': 2048,

@@ -173,22 +173,24 @@ def route_text(d):
 
 
 # ----------------------------------------------------------------------------------------------------------- HF side
-def load_hf(model_dir, dtype):
-    """The family's own HF causal LM (AutoModelForCausalLM), eager attention, MoE experts in HF's eager loop."""
-    from transformers import AutoModelForCausalLM
+def load_hf(model_dir, dtype, auto_cls='AutoModelForCausalLM', **kw):
+    """The family's own HF model (``auto_cls``: its causal LM, or critic_families.py's token classifier), eager
+    attention, MoE experts in HF's eager loop; ``kw`` to from_pretrained (e.g. output_loading_info)."""
+    import transformers
 
     from swift_plt.compat.transformers import hf_rope_guard
-    kw = dict(dtype=dtype, attn_implementation='eager')
+    auto = getattr(transformers, auto_cls)
+    kw.update(dtype=dtype, attn_implementation='eager')
     if is_moe(read_config(model_dir)):
         kw['experts_implementation'] = 'eager'
     with hf_rope_guard():
         try:
-            return AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+            return auto.from_pretrained(model_dir, **kw)
         except (TypeError, ValueError):
             if 'experts_implementation' not in kw:  # older transformers: `torch_dtype`, no experts_implementation
                 raise
             kw.pop('experts_implementation')
-            return AutoModelForCausalLM.from_pretrained(model_dir, **kw)
+            return auto.from_pretrained(model_dir, **kw)
 
 
 @torch.no_grad()
