@@ -12,6 +12,7 @@
 #      no TF32) and bf16 (fused) against transformers' *ForTokenClassification in fp32, on a fixed batch [2, 256]:
 #      fp32 every token within 1e-4 max|v| (MoE: up to 1 % of the tokens over it, route ties); bf16 mean|d| <= 3e-2
 #      mean|v| (dense also every token within 1e-1 max|v|) -> `CRITIC <tag> values fp32|bf16` lines
+#   (no --custom_register_path anywhere: the plugin registers the critic types when it activates)
 #   2. export: `swift export --to_mcore`, then `--mcore_model ... --to_hf`: every tensor bit for bit as the original
 #      dir, transformers loads it (no missing / unexpected key) with the original's values -> `CRITIC <tag> export`
 #   3. `megatron sft --model_type <family>_critic` ITERS iterations bf16 on scalar rewards (critic_rows.py) from the
@@ -55,7 +56,6 @@ if [ "$DRY" = 1 ]; then
   ITERS=${ITERS_DRY:-20}
   CAP_SCALE=${CAP_SCALE:-8} # CPU: every process many times slower
 fi
-CM=(--custom_register_path custom_model/llama.py) # still valid where the plugin registers the critic types itself
 bounded() { # bounded CAP_S CMD...: run CMD for at most min(CAP_S x CAP_SCALE, budget left) seconds
   local t
   t=$(cap $(($1 * ${CAP_SCALE:-1})))
@@ -71,7 +71,7 @@ sft() { # sft NAME GPUS NPROC PORT DIR TYPE LR -- args...: megatron sft, log $OU
   shift 8
   mkdir -p "$W/runs/$name" "$W/cache/$name"
   CUDA_VISIBLE_DEVICES=$(dev "$gpus") NPROC_PER_NODE=$nproc MASTER_PORT=$port HF_DATASETS_CACHE="$W/cache/$name/hf" \
-    MODELSCOPE_CACHE="$W/cache/$name/ms" bounded 240 megatron sft --model "$dir" --model_type "$type" "${CM[@]}" \
+    MODELSCOPE_CACHE="$W/cache/$name/ms" bounded 240 megatron sft --model "$dir" --model_type "$type" \
     --template chatml --dataset "$W/reward.jsonl" --max_length 256 --micro_batch_size 4 --global_batch_size 16 \
     --seed 42 --attention_backend fused --lr "$lr" --min_lr "$(python3 -c "print($lr / 10)")" --lr_warmup_iters 4 \
     --bf16 true --torch_dtype bfloat16 --logging_steps 1 --train_iters "$ITERS" --save_steps 100000 \
@@ -122,10 +122,10 @@ lane() { # lane SPEC GPU PORT: one family; lines -> $W/TAG/lines, "LABEL RC" -> 
   p_mg=$!
   (
     CUDA_VISIBLE_DEVICES=$(dev "$g") MASTER_PORT=$((port + 1)) bounded 240 swift export --model "$d/critic" \
-      --model_type "$ctype" "${CM[@]}" --to_mcore true --torch_dtype bfloat16 --output_dir "$d/mcore" \
+      --model_type "$ctype" --to_mcore true --torch_dtype bfloat16 --output_dir "$d/mcore" \
       >"$OUT/$tag.to_mcore.log" 2>&1 &&
       CUDA_VISIBLE_DEVICES=$(dev "$g") MASTER_PORT=$((port + 2)) bounded 240 swift export --mcore_model "$d/mcore" \
-        --model_type "$ctype" "${CM[@]}" --to_hf true --torch_dtype bfloat16 --output_dir "$d/hf_export" \
+        --model_type "$ctype" --to_hf true --torch_dtype bfloat16 --output_dir "$d/hf_export" \
         >"$OUT/$tag.to_hf.log" 2>&1
     echo $? >"$d/export.rc"
   ) &

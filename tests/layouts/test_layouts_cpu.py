@@ -284,6 +284,11 @@ def critic_one_rank(critic_dir, critic_batches):
     return spawn(_step, 1, critic_dir, 'llama3_2_critic', 1, critic_batches)
 
 
+@pytest.fixture(scope='module')
+def critic_one_rank_packed(critic_dir, critic_batches):
+    return spawn(_step, 1, critic_dir, 'llama3_2_critic', 1, pack(critic_batches))
+
+
 # ---------------------------------------------------------------------------------------------------- pure checks
 def test_sp_slices_of_the_pooled_sequence_are_the_pooled_slices():
     """Under SP rank r holds tokens [r*S/TP, (r+1)*S/TP); with S a multiple of K*TP (patch_padding_to of
@@ -396,13 +401,31 @@ def test_plt_tp2_sp_pp2_equals_one_rank(hf_dir, batches, one_rank):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('layout', ['dp2', 'pp2_vpp2'])
-def test_critic_layout_equals_one_rank(critic_dir, critic_batches, critic_one_rank, layout):
-    """llama3_2_critic through MegatronCriticTrainer.forward_step: values (per token), value loss and gradients."""
-    kwargs, vpp = {'dp2': ({}, None), 'pp2_vpp2': ({'pp': 2}, 2)}[layout]
-    results = spawn(_step, 2, critic_dir, 'llama3_2_critic', 1, critic_batches, vpp, False, **kwargs)
+def test_critic_dp2_equals_one_rank(critic_dir, critic_batches, critic_one_rank):
+    """llama3_2_critic through MegatronCriticTrainer.forward_step: values (per token), value loss and gradients.
+    (PP x VPP for the critic: the packed DP2 x PP2 x VPP2 test below.)"""
+    results = spawn(_step, 2, critic_dir, 'llama3_2_critic', 1, critic_batches)
+    assert_same_step(results, critic_one_rank, 'critic dp2')
+
+
+def test_critic_packed_equals_padded_one_rank(critic_batches, critic_one_rank_packed, critic_one_rank):
+    """The critic on THD rows (``--packing true``) == the same documents as padded rows: value loss, token count,
+    every gradient. Meaningful: no document starts with a response token, so no value target crosses a boundary."""
+    for mb, lens in zip(critic_batches, LENS):
+        assert all(mb['labels'][b, 0] == -100 and (mb['labels'][b, :n] != -100).any() for b, n in enumerate(lens))
+    assert_same_step(critic_one_rank_packed, critic_one_rank, 'critic packed vs padded', outputs=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('layout', ['tp2_sp', 'dp2_pp2_vpp2'])
+def test_critic_packed_layout_equals_one_rank(critic_dir, critic_batches, critic_one_rank_packed, layout):
+    """Packed (THD) critic batches through MegatronCriticTrainer.forward_step: TP=2+SP (2 ranks), and
+    DP=2 x PP=2 x VPP=2 (4 ranks), against the packed single-rank run (per-token values included)."""
+    world, kwargs, vpp, sp = {'tp2_sp': (2, dict(tp=2), None, True),
+                              'dp2_pp2_vpp2': (4, dict(pp=2), 2, False)}[layout]
+    results = spawn(_step, world, critic_dir, 'llama3_2_critic', 1, pack(critic_batches), vpp, sp, **kwargs)
     assert all(r['chunks'] == (vpp or 1) for r in results)
-    assert_same_step(results, critic_one_rank, f'critic {layout}')
+    assert_same_step(results, critic_one_rank_packed, f'critic packed {layout}')
 
 
 # ---------------------------------------------------------------------------------------------------- mutations
@@ -422,6 +445,17 @@ def test_mutation_first_patch_counted_fails_dp(hf_dir, batches):
     loss, tokens = _loss(results)
     ref_loss, count = brute_force_plt_loss(hf_dir, batches, K)
     assert tokens != count and not math.isclose(loss, ref_loss, rel_tol=REL)
+
+
+@pytest.mark.slow
+def test_mutation_critic_packed_returns_shifted_fails(critic_dir, critic_batches, critic_one_rank):
+    """Mutation: the packed returns shifted by one position (each value trained on its neighbour's return)."""
+    packed = pack(critic_batches)
+    for mb in packed:
+        mb['returns'] = torch.roll(mb['returns'], 1, dims=-1)
+    results = spawn(_step, 1, critic_dir, 'llama3_2_critic', 1, packed)
+    with pytest.raises(AssertionError, match='loss'):
+        assert_same_step(results, critic_one_rank, 'mutated', outputs=False)
 
 
 # ---------------------------------------------------------------------------------------------------- streaming data
