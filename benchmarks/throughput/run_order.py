@@ -25,7 +25,8 @@ def fmt_cpus(cpus):
 
 def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None, rotate=False, warmup=False):
     """Interleaved run list [(key, base, round, mbs)]: the MBS `mbs` rounds, with the MBS 8 rounds after the first
-    `m8_after` of them (default: after all), so that a budget cut drops the runs at the end of the list.
+    `m8_after` of them (default: after all), so that a budget cut drops the runs at the end of the list. A name
+    `base@M` runs `base` at MBS M in the main rounds (each setting at its own micro-batch size, same GBS).
     rotate: round i (0-based, MBS 4 and MBS 8 counted apart) runs the names rotated left by i (A B C, B C A, C A B):
     over len(names) rounds each run takes each place in a round once, so a place effect (e.g. the run after a given
     one) does not fall on one run only. warmup: first an untimed-by-ratio run of names[0] at MBS `mbs`, round 0
@@ -36,11 +37,14 @@ def plan(names, rounds, rounds_m8, mbs, first_round=1, m8_after=None, rotate=Fal
         j = i % len(names) if rotate else 0
         return names[j:] + names[:j]
 
-    main = [[(f'{n}_r{r}', n, r, mbs) for n in order(i)]
-            for i, r in enumerate(range(first_round, first_round + rounds))]
+    def run(n, r):  # 'plt4@16': base plt4 at MBS 16 (key plt4_mb16_rR); a plain name runs at `mbs`
+        base, _, m = n.partition('@')
+        return (f'{base}_mb{m}_r{r}', base, r, int(m)) if m else (f'{n}_r{r}', n, r, mbs)
+
+    main = [[run(n, r) for n in order(i)] for i, r in enumerate(range(first_round, first_round + rounds))]
     m8 = [[(f'{n}_m8_r{r}', n, r, 8) for n in order(i)]
           for i, r in enumerate(range(first_round, first_round + rounds_m8))]
-    head = [[(f'{names[0]}_r0', names[0], 0, mbs)]] if warmup else []  # round 0: alone, in no ratio
+    head = [[run(names[0], 0)]] if warmup else []  # round 0: alone, in no ratio
     return [x for rnd in head + main[:m8_after] + m8 + main[m8_after:] for x in rnd]
 
 

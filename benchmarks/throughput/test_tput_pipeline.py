@@ -327,3 +327,22 @@ def test_ratios_by_mbs_pairs_runs_of_one_round_and_mbs_with_the_stock2_control()
     assert r[4]['plt1/stock step time'] == [pytest.approx(1.1)] and r[4]['stock2/stock step time'] == [
         pytest.approx(1.02)]
     assert r[8]['plt4/stock'] == [3.5] and r[8]['stock2/stock step time'] == [] and r[8]['plt1/stock'] == []
+
+
+def test_plan_runs_a_name_at_its_own_micro_batch_size():
+    p = tput_launch.plan(['stock@8', 'plt4@16', 'stock2@8'], 2, 0, 4, rotate=True, warmup=True)
+    assert p[0] == ('stock_mb8_r0', 'stock', 0, 8)
+    assert [k for k, *_ in p[1:4]] == ['stock_mb8_r1', 'plt4_mb16_r1', 'stock2_mb8_r1']
+    assert {(b, m) for _, b, _, m in p} == {('stock', 8), ('plt4', 16), ('stock2', 8)}
+
+
+def test_best_setting_ratio_takes_each_runs_fastest_micro_batch_size():
+    f = lambda name, mbs, tps: dict(name=name, mbs=mbs, tokens_per_s=tps, step_s_median=1.0)  # noqa: E731
+    figs = {('stock_mb8', 1): f('stock', 8, 100.0), ('stock2_mb8', 1): f('stock2', 8, 96.0),
+            ('plt4_mb16', 1): f('plt4', 16, 450.0), ('plt4_mb8', 1): f('plt4', 8, 420.0),
+            ('stock_mb8', 0): f('stock', 8, 50.0),  # warm-up: in no ratio
+            ('stock_mb8', 2): f('stock', 8, 100.0), ('plt4_mb8', 2): f('plt4', 8, 430.0),
+            ('plt4_mb16', 2): f('plt4', 16, 410.0)}
+    r = throughput_summary.best_setting_ratios(figs)
+    assert r['plt4/stock'] == [(4.5, 16, 8), (4.3, 8, 8)] and r['stock2/stock'] == [(0.96, 8, 8)]
+    assert throughput_summary.best_setting_ratios({('stock', 1): f('stock', 4, 1.0)}) is None

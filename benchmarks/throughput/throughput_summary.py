@@ -116,9 +116,29 @@ def ratios_by_mbs(figs):
     return out
 
 
+def best_setting_ratios(figs):
+    """Per round, each base name's fastest run over the micro-batch sizes it ran at (``plt4@16`` and ``plt4@8`` ...):
+    {'plt4/stock': [...], 'stock2/stock': [...]} of tokens/s, with the MBS each ratio used. None when every name
+    ran at a single MBS (ratios_by_mbs says it all)."""
+    if len({f['mbs'] for f in figs.values() if f}) < 2:
+        return None
+    out = {'plt4/stock': [], 'stock2/stock': []}
+    for r in sorted({rr for (n, rr), f in figs.items() if f and rr > 0}):
+        best = {}
+        for (n, rr), f in figs.items():
+            if f and rr == r and (f['name'] not in best or f['tokens_per_s'] > best[f['name']]['tokens_per_s']):
+                best[f['name']] = f
+        for key in out:
+            a, b = (best.get(x) for x in key.split('/'))
+            if a and b:
+                out[key].append((a['tokens_per_s'] / b['tokens_per_s'], a['mbs'], b['mbs']))
+    return out
+
+
 def profile_diff(probe_dir, top=12):
     def rows_of(name):
-        fs = sorted(glob.glob(os.path.join(probe_dir, f'{name}_r*.jsonl.prof.json')))
+        fs = sorted(glob.glob(os.path.join(probe_dir, f'{name}_r*.jsonl.prof.json')) +
+                    glob.glob(os.path.join(probe_dir, f'{name}_mb*_r*.jsonl.prof.json')))  # name@MBS runs
         if not fs:
             return None
         return {r['name']: r for r in json.load(open(fs[0]))['rows']}
@@ -179,6 +199,14 @@ def main(argv=None):
                                             'per_round': v}
                 print(f'TPUT ratio mbs {mbs} {k}: median {statistics.median(v):.3f} over {len(v)} round(s), spread '
                       f'{min(v):.3f}..{max(v):.3f}  per round {[round(x, 3) for x in v]}')
+    for k, v in (best_setting_ratios(figs) or {}).items():
+        if v:
+            vals = [x for x, _, _ in v]
+            summary[f'best {k}'] = {'median': statistics.median(vals), 'min': min(vals), 'max': max(vals),
+                                    'per_round': vals, 'mbs': [[a, b] for _, a, b in v]}
+            print(f'TPUT ratio best setting {k}: median {statistics.median(vals):.3f} over {len(v)} round(s), '
+                  f'spread {min(vals):.3f}..{max(vals):.3f}  per round '
+                  f'{[f"{x:.3f} (mbs {a} vs {b})" for x, a, b in v]}')
     same_loss = []
     for (name, r), f in sorted(figs.items(), key=lambda x: (x[0][1], x[0][0])):
         if f and f['name'] == 'plt1':

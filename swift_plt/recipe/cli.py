@@ -15,7 +15,7 @@ from swift_plt.recipe.family import causal_lm_class, check_family, read_config, 
 from swift_plt.recipe.nodes import LeaderStatus, Nodes, node0_export_launch, node_note, read_nodes, wait_for
 from swift_plt.recipe.options import Options, RecipeError, check_micro_batch, check_passthrough, parse_options
 from swift_plt.recipe.plan import TwoStagePlan, make_plan
-from swift_plt.recipe.process import env_prefix, export_launch, failure_cause, run_logged
+from swift_plt.recipe.process import env_prefix, export_launch, failure_cause, flag_value, run_logged
 from swift_plt.recipe.stage_report import count_lines, publish_data_report, record_wall_time, write_report
 from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, check_plan_file, exported_from, plan_steps,
                                      stage_launch, stage_state)
@@ -54,10 +54,10 @@ def check_model(opts: Options) -> None:
 
 
 def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: Nodes = Nodes(),
-              status: Optional[LeaderStatus] = None, since: Optional[dict] = None) -> int:
-    """Run one stage's command (logged, timed); 0 when its final checkpoint is there, else the exit code (or 1).
-    A node other than 0 then waits for the final checkpoint (global rank 0 completes it) or node 0's failure after
-    ``since``."""
+              status: Optional[LeaderStatus] = None, since: Optional[dict] = None, note: str = '') -> int:
+    """Run one stage's command (logged, timed, with its micro batch and recompute and ``note``, why); 0 when its
+    final checkpoint is there, else the exit code (or 1). A node other than 0 then waits for the final checkpoint
+    (global rank 0 completes it) or node 0's failure after ``since``."""
     logs = os.path.join(out, 'logs')
     log = os.path.join(logs, nodes.log_name(step.name))
     print(f'[{step.name}] running ({step.action}); log: {log}', flush=True)
@@ -76,7 +76,9 @@ def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: No
             state = stage_state(out, stage, iters)
     else:
         start = int(os.path.basename(before.resume_from).split('-')[-1]) if before.resume_from else 0
-        record_wall_time(logs, step.name, time.time() - t, rc, log_line, start)
+        record_wall_time(logs, step.name, time.time() - t, rc, log_line, start, {
+            'micro_batch_size': int(flag_value(step.cmd, 'micro_batch_size') or 1),
+            'recompute_granularity': flag_value(step.cmd, 'recompute_granularity'), 'why': note})
         if stage == 1:
             publish_data_report(out, plan, opts)
     if rc == 0 and state.complete:
@@ -119,7 +121,11 @@ def run(opts: Options) -> int:
             notes.append(f'the export: {export.note}')
     if notes:
         print('swift-plt-two-stage: ' + '; '.join(notes), flush=True)
-    steps = plan_steps(opts, plan, launch and launch.env, export and export.env)
+    running = {int(s.name[-1]) for s in steps if s.cmd and s.name.startswith('stage')}
+    for i, note in sorted(launch.stage_notes.items() if launch else ()):
+        if i in running:
+            print(f'swift-plt-two-stage: {note}', flush=True)
+    steps = plan_steps(opts, plan, launch and launch.env, export and export.env, launch and launch.stage_args)
     for step in steps:
         print(f'[{step.name}] {step.action}', flush=True)
         if step.cmd:
@@ -160,8 +166,9 @@ def run(opts: Options) -> int:
                 print(f'[export] done by node 0: {hf}', flush=True)
         elif step.cmd is not None:
             since = status.read() if status else None
-            rc = recorded(step.name,
-                          lambda step=step, since=since: run_stage(step, out, plan, opts, nodes, status, since))
+            note = launch.stage_notes.get(int(step.name[-1]), '') if launch else ''
+            rc = recorded(step.name, lambda step=step, since=since, note=note: run_stage(step, out, plan, opts, nodes,
+                                                                                         status, since, note))
             if rc:
                 return rc
     print('[done] ' + (f'vanilla HF model: {hf}' if any(s.name == 'export' for s in steps)

@@ -1,11 +1,11 @@
 """The two-stage recipe's options (command line and YAML) and their checks against the plan, before anything runs."""
 import argparse
 import json
-import math
 import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from swift_plt.recipe.micro_batch import STAGE1_MICRO_BATCH, fitting_micro_batch
 from swift_plt.recipe.plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, STAGE1_BATCH, TwoStagePlan
 from swift_plt.recipe.process import flag_value, model_parallel_size
 
@@ -31,6 +31,7 @@ class Options:
     patch_size: int = DEFAULT_PATCH_SIZE
     lam: str = str(DEFAULT_LAM)
     stage1_batch: str = STAGE1_BATCH[0]
+    stage1_micro_batch: str = STAGE1_MICRO_BATCH[0]  # auto: from GPU memory (micro_batch.py); keep: as given
     args: List[str] = field(default_factory=list)  # both stages
     stage1_args: List[str] = field(default_factory=list)
     stage2_args: List[str] = field(default_factory=list)
@@ -70,21 +71,18 @@ def micro_batch_size(argv: Sequence[str]) -> int:
 
 
 def check_micro_batch(opts: Options, plan: TwoStagePlan) -> None:
-    """Each stage's --micro_batch_size must divide its global batch (megatron would refuse it only when the stage
-    starts); the data-parallel size comes in with ``check_data_parallel``."""
-    for i, s in ((1, plan.stage1), (2, plan.stage2)):
+    """Each stage's --micro_batch_size is a positive integer; whether it splits the stage's global batch depends on
+    the data-parallel size (``check_data_parallel``)."""
+    for i in (1, 2):
         mbs = micro_batch_size(opts.stage_args(i))
-        if mbs < 1 or s.global_batch_size % mbs:
-            hint = (f' Stage 1 takes G/K = {s.global_batch_size} sequences (of {s.seq_length} tokens) per step '
-                    f'(--stage1_batch {plan.stage1_batch}); give stage 1 its own with --stage1_args '
-                    f'"--micro_batch_size {math.gcd(s.global_batch_size, max(mbs, 1))}".' if i == 1 else '')
-            raise RecipeError(f'stage {i}: --micro_batch_size {mbs} does not divide its --global_batch_size '
-                              f'{s.global_batch_size}.{hint}')
+        if mbs < 1:
+            raise RecipeError(f'stage {i}: --micro_batch_size {mbs} must be at least 1.')
 
 
-def check_data_parallel(opts: Options, plan: TwoStagePlan, processes: int) -> None:
+def check_data_parallel(opts: Options, plan: TwoStagePlan, processes: int, lower_micro_batch: bool = False) -> None:
     """With ``processes`` per stage, megatron needs them to be a multiple of TP·PP·CP and each stage's global batch
-    to be a multiple of micro batch x data-parallel size (processes / TP·PP·CP)."""
+    to be a multiple of micro batch x data-parallel size (processes / TP·PP·CP). ``lower_micro_batch`` (the recipe
+    picked the count): only the data-parallel size must divide it, the stage then runs a smaller micro batch."""
     for i, s in ((1, plan.stage1), (2, plan.stage2)):
         argv = opts.stage_args(i)
         try:
@@ -94,10 +92,16 @@ def check_data_parallel(opts: Options, plan: TwoStagePlan, processes: int) -> No
         if processes % mp:
             raise RecipeError(f'stage {i}: {processes} process(es) is not a multiple of TP·PP·CP = {mp} (tensor x '
                               'pipeline x context parallel size).')
-        mbs, dp = max(micro_batch_size(argv), 1), processes // mp
-        if s.global_batch_size % (mbs * dp):
-            raise RecipeError(f'stage {i}: its --global_batch_size {s.global_batch_size} is not a multiple of '
-                              f'--micro_batch_size {mbs} x data-parallel size {dp}.')
+        g, mbs, dp = s.global_batch_size, max(micro_batch_size(argv), 1), processes // mp
+        hint = (f' (stage 1 takes G/K = {g} sequence{"s" if g > 1 else ""} of {s.seq_length} tokens per step, '
+                f'--stage1_batch {plan.stage1_batch})' if i == 1 and plan.stage1_batch == STAGE1_BATCH[0] else '')
+        if g % dp:
+            raise RecipeError(f'stage {i}: its --global_batch_size {g} is not a multiple of data-parallel size {dp}, '
+                              f'not even at --micro_batch_size 1{hint}.')
+        if g % (mbs * dp) and not lower_micro_batch:
+            raise RecipeError(f'stage {i}: its --global_batch_size {g} is not a multiple of --micro_batch_size {mbs} '
+                              f'x data-parallel size {dp}{hint}: give stage {i} --stage{i}_args "--micro_batch_size '
+                              f'{fitting_micro_batch(g // dp, mbs)}" (the training is the same at any micro batch).')
 
 
 def _as_argv(value) -> List[str]:
@@ -134,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help='tokens (default, as in the paper): stage 1 takes G/K sequences of K*T tokens per step, the '
                    'same tokens per step as stage 2; sequences: G sequences per step (K times the tokens per step, '
                    '1/K the steps)')
+    p.add_argument('--stage1_micro_batch', choices=list(STAGE1_MICRO_BATCH),
+                   help='auto (default): stage 1 gets the largest --micro_batch_size its GPU memory holds (estimated '
+                   'from config.json), and drops or adds recompute accordingly; keep: the --micro_batch_size of both '
+                   'stages (lowered only where the global batch does not split into it over the GPUs). '
+                   '--stage1_args "--micro_batch_size N" always wins')
     p.add_argument('--patch_size', type=int, help=f'K (default {DEFAULT_PATCH_SIZE})')
     p.add_argument('--lam', help=f'λ, the patch-level fraction of N, in (0, 1) (default {DEFAULT_LAM})')
     p.add_argument('--stage1_args', help='extra `megatron pt` flags for stage 1 only (one quoted string)')
@@ -186,5 +195,8 @@ def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
     values['tokens'] = str(values['tokens'])
     values['lam'] = str(values.get('lam', DEFAULT_LAM))
     values['stage1_batch'] = str(values.get('stage1_batch', STAGE1_BATCH[0]))
+    values['stage1_micro_batch'] = str(values.get('stage1_micro_batch', STAGE1_MICRO_BATCH[0]))
+    if values['stage1_micro_batch'] not in STAGE1_MICRO_BATCH:
+        raise RecipeError(f"--stage1_micro_batch {values['stage1_micro_batch']!r}: use auto or keep.")
     values['dry_run'] = bool(values.get('dry_run', False))
     return Options(**values)

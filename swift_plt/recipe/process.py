@@ -78,11 +78,23 @@ def gpu_count() -> int:
         return 0
 
 
+def gpu_memory() -> Optional[int]:
+    """Total bytes of the first visible CUDA device (a property: no CUDA context, no memory taken); None without."""
+    try:
+        import torch
+        return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 -- no torch or no driver: no GPU
+        return None
+
+
 @dataclass
 class Launch:
     env: Dict[str, str] = field(default_factory=dict)  # added to the CLI's environment ({}: the user's is kept)
     world_size: Optional[int] = None  # processes per run (None: not known, e.g. NPROC_PER_NODE=auto)
     note: str = ''  # what was picked and why, for the user
+    # per stage: flags added at the end of its command (they win: its micro-batch size, recompute) and why
+    stage_args: Dict[int, List[str]] = field(default_factory=dict)
+    stage_notes: Dict[int, str] = field(default_factory=dict)
 
 
 def user_launch(environ: Mapping[str, str]) -> Optional[Launch]:
@@ -132,8 +144,8 @@ FAILURE_CAUSES = (
     (r'environment variable RANK expected',
      'ms-swift ran without torchrun: set NPROC_PER_NODE (the number of GPUs to use, 1 on one GPU).'),
     (r'OutOfMemoryError|CUDA out of memory',
-     'out of GPU memory: lower --micro_batch_size (a stage-1 sequence is K·T tokens: --stage1_args '
-     '"--micro_batch_size 1"), or add --recompute_granularity full.'),
+     'out of GPU memory: lower that stage\'s micro batch (--stage1_args / --stage2_args "--micro_batch_size N"; the '
+     'recipe printed the one it picked for stage 1 and its estimate), or add --recompute_granularity full.'),
     (r'Address already in use|EADDRINUSE',
      'the torchrun port is taken (another run on this machine?): set MASTER_PORT to a free port.'),
     (r'is not divisible by micro batch size',

@@ -60,13 +60,14 @@ def count_lines(path: str) -> int:
 
 
 def record_wall_time(logs_dir: str, name: str, seconds: float, rc: int, log_line: int = 0,
-                     start_iteration: int = 0) -> None:
+                     start_iteration: int = 0, settings: Optional[dict] = None) -> None:
     """Append one invocation of a stage to ``logs/<name>.time.jsonl``: its wall time (start-up included), exit code,
-    the line of the stage's ``logging.jsonl`` where its logs begin and the iteration it started from (resume)."""
+    the line of the stage's ``logging.jsonl`` where its logs begin, the iteration it started from (resume) and
+    ``settings`` (its micro batch, recompute and why)."""
     os.makedirs(logs_dir, exist_ok=True)
     with open(os.path.join(logs_dir, f'{name}.time.jsonl'), 'a', encoding='utf-8') as f:
         f.write(json.dumps({'seconds': round(seconds, 3), 'rc': rc, 'log_line': log_line,
-                            'start_iteration': start_iteration}) + '\n')
+                            'start_iteration': start_iteration, **(settings or {})}) + '\n')
 
 
 def _train_logs(stage_dir: str) -> List[dict]:
@@ -126,12 +127,14 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
                 invocations = [json.loads(line) for line in f if line.strip()]
             wall = sum(r['seconds'] for r in invocations)
         timed = train_loop_seconds(logs, invocations) if logs else None
+        last = invocations[-1] if invocations else {}
         # rate of the logged steps; the time of all steps at that rate (the unlogged tail is < --logging_steps)
         tps = timed[1] * s.global_batch_size * s.seq_length / timed[0] if timed and timed[0] > 0 else None
         secs = tokens / tps if tps else None
         rows.append({
             'stage': stage, 'kind': s.name, 'patch_size': s.patch_size, 'seq_length': s.seq_length,
-            'global_batch_size': s.global_batch_size,
+            'global_batch_size': s.global_batch_size, 'micro_batch_size': last.get('micro_batch_size'),
+            'recompute_granularity': last.get('recompute_granularity'), 'micro_batch_why': last.get('why'),
             'planned_steps': s.train_iters, 'steps': steps, 'tokens': tokens, 'train_seconds': secs,
             'wall_seconds': wall, 'tokens_per_s': tps,
             'patches_per_s': tps / s.patch_size if tps and s.patch_size > 1 else None,
@@ -144,7 +147,10 @@ def format_report(rows: List[dict], plan: TwoStagePlan) -> str:
     lines = ['Two-stage PLT summary (tokens = steps x global_batch_size x max_length; time = training loop at the '
              "logged steps' rate (ms-swift's train_speed), wall = the `megatron pt` invocation(s), start-up included)"]
     for r in rows:
-        name = f"stage {r['stage']} ({r['kind']} level, K={r['patch_size']}, max_length={r['seq_length']})"
+        mbs = f", micro_batch_size={r['micro_batch_size']}" if r.get('micro_batch_size') else ''
+        if r.get('recompute_granularity'):
+            mbs += f", recompute_granularity={r['recompute_granularity']}"
+        name = f"stage {r['stage']} ({r['kind']} level, K={r['patch_size']}, max_length={r['seq_length']}{mbs})"
         if not r['steps']:
             lines.append(f'  {name}: no training log')
             continue

@@ -4,6 +4,12 @@ import json
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def no_gpu_memory(monkeypatch):
+    """The recipe sizes stage 1's micro batch from the GPU's memory: none here, unless a test gives one."""
+    monkeypatch.setattr('swift_plt.recipe.stages.gpu_memory', lambda: None)
+
+
 @pytest.fixture
 def model_dir(tmp_path):
     """A model folder with the config.json the recipe's dry run reads."""

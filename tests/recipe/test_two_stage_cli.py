@@ -187,8 +187,8 @@ def test_end_of_run_summary_and_loss_plot(run):
     proc = run['procs']['all']
     text = open(os.path.join(out, 'summary.txt')).read()
     assert text in proc.stdout  # printed too
-    assert 'stage 1 (patch level, K=4, max_length=256): 3/3 steps, 3,072 tokens' in text
-    assert 'stage 2 (token level, K=1, max_length=64): 3/3 steps, 768 tokens' in text
+    assert 'stage 1 (patch level, K=4, max_length=256, micro_batch_size=2): 3/3 steps, 3,072 tokens' in text
+    assert 'stage 2 (token level, K=1, max_length=64, micro_batch_size=2): 3/3 steps, 768 tokens' in text
     s1_line, s2_line = [line for line in text.splitlines() if line.startswith('  stage ')]
     assert 'patches/s' in s1_line and 'patches/s' not in s2_line
     rows = json.load(open(os.path.join(out, 'summary.json')))

@@ -80,18 +80,24 @@ def test_stage_count_follows_the_data_parallel_arithmetic(model_dir, tmp_path):
     assert stage_launch(opts, plan, {}, lambda: 2).env == {'NPROC_PER_NODE': '2'}
     launch = stage_launch(opts, plan, {}, lambda: 8)  # stage 1's 2 sequences per step: DP <= 2
     assert launch.env == {'NPROC_PER_NODE': '2'}
-    assert 'stage 1: its --global_batch_size 2 is not a multiple of --micro_batch_size 1 x data-parallel size 8' \
-        in launch.note
+    assert 'stage 1: its --global_batch_size 2 is not a multiple of data-parallel size 8, not even at ' \
+        '--micro_batch_size 1' in launch.note
     opts, plan = opts_plan(recipe_argv(model_dir, tmp_path / 'o', '--micro_batch_size', '2'))
-    assert stage_launch(opts, plan, {}, lambda: 4).env == {'NPROC_PER_NODE': '1'}
+    launch = stage_launch(opts, plan, {}, lambda: 4)  # DP 2 fits at a smaller stage-1 micro batch
+    assert launch.env == {'NPROC_PER_NODE': '2'} and launch.stage_args == {1: ['--micro_batch_size', '1']}
     opts, plan = opts_plan(recipe_argv(model_dir, tmp_path / 'o', '--tensor_model_parallel_size', '2'))
     assert stage_launch(opts, plan, {}, lambda: 8).env == {'NPROC_PER_NODE': '4'}  # TP2 x DP2
     assert stage_launch(opts, plan, {}, lambda: 3).env == {'NPROC_PER_NODE': '2'}  # TP2 x DP1
 
 
 @pytest.mark.parametrize('environ, extra, message', [
-    ({'NPROC_PER_NODE': '4'}, [], 'stage 1: its --global_batch_size 2 is not a multiple of --micro_batch_size 1 x '
-     'data-parallel size 4. The stages would run NPROC_PER_NODE=4 (from the environment)'),
+    ({'NPROC_PER_NODE': '4'}, [], 'stage 1: its --global_batch_size 2 is not a multiple of data-parallel size 4, '
+     'not even at --micro_batch_size 1 (stage 1 takes G/K = 2 sequences of 1024 tokens per step, --stage1_batch '
+     'tokens). The stages would run NPROC_PER_NODE=4 (from the environment)'),
+    # the user's count is kept: a micro batch that does not fit is refused, with the one that does
+    ({'NPROC_PER_NODE': '2'}, ['--micro_batch_size', '2'], 'stage 1: its --global_batch_size 2 is not a multiple of '
+     '--micro_batch_size 2 x data-parallel size 2 (stage 1 takes G/K = 2 sequences of 1024 tokens per step, '
+     '--stage1_batch tokens): give stage 1 --stage1_args "--micro_batch_size 1"'),
     ({'NNODES': '4'}, [], 'data-parallel size 4'),
     ({'NPROC_PER_NODE': '1'}, ['--stage2_args', '--context_parallel_size 2'],
      'stage 2: 1 process(es) is not a multiple of TP·PP·CP = 2'),
@@ -140,9 +146,11 @@ def test_dry_run_says_what_it_picked(model_dir, tmp_path, capsys, monkeypatch):
     assert cli.main(recipe_argv(model_dir, tmp_path / 'out', '--dry_run')) == 0
     out = capsys.readouterr().out
     assert ('swift-plt-two-stage: NPROC_PER_NODE=2 (4 visible GPUs; 4 processes would not fit: stage 1: its '
-            '--global_batch_size 2 is not a multiple of --micro_batch_size 1 x data-parallel size 4; set '
-            'NPROC_PER_NODE to override); the export: NPROC_PER_NODE=1 (TP·PP·CP of the export; set NPROC_PER_NODE '
-            'to override)\n') in out
+            '--global_batch_size 2 is not a multiple of data-parallel size 4, not even at --micro_batch_size 1 (stage '
+            '1 takes G/K = 2 sequences of 1024 tokens per step, --stage1_batch tokens); set NPROC_PER_NODE to '
+            'override); the export: NPROC_PER_NODE=1 (TP·PP·CP of the export; set NPROC_PER_NODE to '
+            'override)\n') in out
+    assert 'swift-plt-two-stage: stage 1: --micro_batch_size 1; not sized from GPU memory: no CUDA device here\n' in out
 
 
 class FakeRun:

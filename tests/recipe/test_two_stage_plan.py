@@ -227,14 +227,17 @@ def test_default_stage1_batch_keeps_tokens_per_step(model_dir, tmp_path, capsys)
 
 
 @pytest.mark.parametrize('extra, message', [
-    (['--micro_batch_size', '2'], 'stage 1: --micro_batch_size 2 does not divide its --global_batch_size 1.*'
-     '--stage1_args "--micro_batch_size 1"'),
-    (['--stage2_args', '--micro_batch_size 3'], 'stage 2: --micro_batch_size 3 does not divide its '
-     '--global_batch_size 4'),
+    (['--micro_batch_size', '2'], r'stage 1: its --global_batch_size 1 is not a multiple of --micro_batch_size 2 x '
+     r'data-parallel size 1 \(stage 1 takes G/K = 1 sequence of 256 tokens.*--stage1_args "--micro_batch_size 1"'),
+    (['--stage2_args', '--micro_batch_size 3'], 'stage 2: its --global_batch_size 4 is not a multiple of '
+     '--micro_batch_size 3 x data-parallel size 1: give stage 2 --stage2_args "--micro_batch_size 2"'),
     (['--micro_batch_size=x'], "--micro_batch_size 'x' must be an integer"),
+    (['--micro_batch_size=0'], 'stage 1: --micro_batch_size 0 must be at least 1'),
     (['--global_batch_size', '6'], '--global_batch_size 6 is not a multiple of --patch_size 4'),
 ])
-def test_stage_batch_errors_before_anything_runs(model_dir, tmp_path, capsys, extra, message):
+def test_stage_batch_errors_before_anything_runs(model_dir, tmp_path, capsys, monkeypatch, extra, message):
+    """With the user's process count (NPROC_PER_NODE): a micro batch the recipe would otherwise lower."""
+    monkeypatch.setenv('NPROC_PER_NODE', '1')
     rc = main(base_argv(model_dir, tmp_path / 'out', *extra, stage1_batch=None))
     assert rc == 2
     assert re.search(message, capsys.readouterr().err)

@@ -7,7 +7,8 @@ from fractions import Fraction
 import pytest
 
 from swift_plt.recipe.plan import make_plan
-from swift_plt.recipe.stage_report import record_wall_time, stage_report, train_loop_seconds, write_report
+from swift_plt.recipe.stage_report import (format_report, record_wall_time, stage_report, train_loop_seconds,
+                                          write_report)
 
 
 def _write_logs(path, entries):
@@ -95,3 +96,19 @@ def test_write_report_files(tmp_path, capsys):
     assert json.load(open(os.path.join(out, 'summary.json')))[0]['tokens'] == 3072
     assert open(os.path.join(out, 'loss_curves.png'), 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
     assert 'patches/s' in capsys.readouterr().out
+
+
+def test_report_names_each_stage_micro_batch(tmp_path):
+    """The settings of a stage's last invocation (its micro batch, recompute and why) reach the summary."""
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4, stage1_batch='sequences')
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))
+    logs = os.path.join(out, 'logs')
+    record_wall_time(logs, 'stage1', 1.0, 1, settings={'micro_batch_size': 1, 'recompute_granularity': 'full'})
+    record_wall_time(logs, 'stage1', 1.0, 0, settings={'micro_batch_size': 4, 'recompute_granularity': None,
+                                                       'why': 'stage 1: --micro_batch_size 4 (the largest that fits)'})
+    r1, r2 = stage_report(out, plan)
+    assert (r1['micro_batch_size'], r1['recompute_granularity']) == (4, None) and r2['micro_batch_size'] is None
+    assert r1['micro_batch_why'].endswith('(the largest that fits)')
+    text = format_report([r1, r2], plan)
+    assert 'stage 1 (patch level, K=4, max_length=256, micro_batch_size=4): 3/3 steps' in text
