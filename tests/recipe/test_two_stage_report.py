@@ -112,3 +112,24 @@ def test_report_names_each_stage_micro_batch(tmp_path):
     assert r1['micro_batch_why'].endswith('(the largest that fits)')
     text = format_report([r1, r2], plan)
     assert 'stage 1 (patch level, K=4, max_length=256, micro_batch_size=4): 3/3 steps' in text
+
+
+def test_each_stage_and_the_recipe_against_token_level(tmp_path):
+    """Overhead = wall - training loop per stage; the token-level estimate of a stage = its tokens at stage 2's rate;
+    the recipe's training and wall clock against token-level training of all its tokens with one start-up."""
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4, stage1_batch='sequences')
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))  # 3,072 tokens in 1.5 s
+    _write_logs(os.path.join(out, 'stage2_token'), _entries(3, 3, 0.25))  # 768 tokens in 0.75 s: 1,024 tokens/s
+    record_wall_time(os.path.join(out, 'logs'), 'stage1', 11.5, 0)
+    assert format_report(stage_report(out, plan), plan).count('against token-level') == 0  # stage 2's wall missing
+    record_wall_time(os.path.join(out, 'logs'), 'stage2', 10.75, 0)
+    r1, r2 = stage_report(out, plan)
+    assert (r1['overhead_seconds'], r2['overhead_seconds']) == (pytest.approx(10.0), pytest.approx(10.0))
+    assert (r1['token_level_seconds'], r2['token_level_seconds']) == (pytest.approx(3.0), pytest.approx(0.75))
+    text = format_report([r1, r2], plan)
+    assert 'time 1.5 s (wall 11.5 s: 10.0 s start-up, data and saving); token-level est. 3.0 s' in text
+    # training 2.25 s vs 3.75 s; wall 22.25 s vs 3.75 + 10.0 s
+    assert ('(est. 3.8 s of training, 13.8 s wall with one start-up): training 0.60x, wall 1.62x' in text)
+    write_report(out, plan)
+    assert json.load(open(os.path.join(out, 'summary.json')))[1]['overhead_seconds'] == pytest.approx(10.0)
