@@ -14,16 +14,26 @@ The run list of a call is the cross product of --sizes, --runs, --tokens and --s
     `ah` names (a½) itself: token-level on N/2, every seed (the same job as (a) at N/2: one run serves both).
 plus the explicit --jobs SIZE:RUN:N:SEED; duplicates run once. (a½) of (b) at N is token-level on the stream's
 first N/2 tokens, the data prefix (b) trains on, at about the same compute as (b).
+
+Continued pretraining (README.md, "Continued pretraining"): a job may train on another corpus of the kit (corpus,
+e.g. 'B': KIT/corpora/B, prepare_data.py --add_corpus) starting from the exported HF model of a token-level run on
+corpus A (from_n: that run's N; its size and seed are the job's): the start job Job(size, 'a', from_n, seed). Its
+id gets _CORPUS_fromN_A: XS_b_n2000000_s42_B_from20000000 is (b) on 2 M tokens of B, seed 42, from the XS (a) model
+of 20 M tokens of A at seed 42 (XS_a_n20000000_s42). A continuation starts only once its start job has finished
+(run.py), its data are cuts of corpus B's own stream (file names B_...), with B's own reserve; the continuation
+run list (expand(..., from_n=N_A)) takes every run at every seed, each seed from the start model of that seed.
 """
 import re
 from collections import namedtuple
 
 from variants import parse_run
 
-Job = namedtuple('Job', 'size run N seed')
+Job = namedtuple('Job', 'size run N seed corpus from_n', defaults=('A', None))
 MARGIN = 0.04  # make_run_data.py --margin
 FIRST_SEED = 42  # the seed of every call before --seeds; its init is make_models' seed 0
-_ID = re.compile(r'^(?P<size>[A-Za-z0-9]+)_(?P<run>[a-z0-9_]+)_n(?P<N>[0-9]+)_s(?P<seed>[0-9]+)$')
+_ID = re.compile(r'^(?P<size>[A-Za-z0-9]+)_(?P<run>[a-z0-9_]+)_n(?P<N>[0-9]+)_s(?P<seed>[0-9]+)'
+                 r'(?:_(?P<corpus>[A-Z][A-Za-z0-9]*)(?:_from(?P<from_n>[0-9]+))?)?$')
+_CORPUS = re.compile(r'^[A-Z][A-Za-z0-9]*$')
 
 # Cost model (H100, T=512, G=32; benchmarks/quality/README.md calls of 2026-11-25, each loop alone on the GPU):
 STARTUP_S = 95  # one `megatron pt` launch without its steps: M (a) 178 s wall - 80 s of steps, XS 144 - 57
@@ -35,61 +45,104 @@ STEP_S = {'tiny': (0.12, 0.08), 'XS': (0.12, 0.08), 'S': (0.135, 0.09), 'M': (0.
 
 
 def job_id(job):
-    return f'{job.size}_{job.run}_n{job.N}_s{job.seed}'
+    tail = '' if job.corpus == 'A' else f'_{job.corpus}'
+    if job.from_n:
+        tail += f'_from{job.from_n}'
+    return f'{job.size}_{job.run}_n{job.N}_s{job.seed}{tail}'
+
+
+def check_job(job):
+    """ValueError unless the corpus is a name like B and a start (from_n) goes with a corpus other than A."""
+    if not _CORPUS.match(job.corpus):
+        raise ValueError(f'{job}: corpus {job.corpus!r} is not a name like A or B')
+    if job.from_n is not None and (job.corpus == 'A' or job.from_n <= 0):
+        raise ValueError(f'{job}: a continuation (from_n) trains on another corpus than A, from a positive N_A')
+    return job
+
+
+def start_job(job):
+    """The token-level run on corpus A whose exported model a continuation starts from; None for a random init."""
+    return None if job.from_n is None else Job(job.size, 'a', job.from_n, job.seed)
 
 
 def parse_job_id(text):
-    """'XS_b_k2_n10000000_s43' -> Job('XS', 'b_k2', 10000000, 43); ValueError for anything else."""
+    """'XS_b_k2_n10000000_s43' -> Job('XS', 'b_k2', 10000000, 43); 'XS_a_n2_s42_B_from20' -> a continuation;
+    ValueError for anything else."""
     m = _ID.match(text)
     if not m:
-        raise ValueError(f'job id {text!r}: expected SIZE_RUN_nN_sSEED (e.g. XS_b_n10000000_s42)')
+        raise ValueError(f'job id {text!r}: expected SIZE_RUN_nN_sSEED[_CORPUS[_fromN]] (e.g. XS_b_n10000000_s42)')
     parse_run(m['run'])
-    return Job(m['size'], m['run'], int(m['N']), int(m['seed']))
+    return check_job(Job(m['size'], m['run'], int(m['N']), int(m['seed']), m['corpus'] or 'A',
+                         int(m['from_n']) if m['from_n'] else None))
 
 
 def parse_job_spec(text, parse_tokens=int):
-    """--jobs item 'tiny:b_k2:20M:42' -> Job('tiny', 'b_k2', 20000000, 42) (N through ``parse_tokens``)."""
+    """--jobs item 'tiny:b_k2:20M:42' -> Job('tiny', 'b_k2', 20000000, 42) (N through ``parse_tokens``);
+    'XS:b:2M:42:B:20M' -> (b) on 2 M tokens of corpus B from the (a) model of 20 M tokens of A (seed 42)."""
     parts = text.split(':')
-    if len(parts) != 4:
-        raise ValueError(f'--jobs {text!r}: expected SIZE:RUN:N:SEED (e.g. tiny:b_k2:20000000:42)')
-    size, run, n, seed = parts
+    if len(parts) not in (4, 6):
+        raise ValueError(f'--jobs {text!r}: expected SIZE:RUN:N:SEED (e.g. tiny:b_k2:20000000:42) or '
+                         'SIZE:RUN:N:SEED:CORPUS:N_A (e.g. XS:b:2M:42:B:20M)')
+    size, run, n, seed = parts[:4]
     if run == 'ah':
         raise ValueError(f'--jobs {text!r}: name (a½) as a at N/2')
     parse_run(run)
     if not size or '_' in size:
         raise ValueError(f'--jobs {text!r}: bad size {size!r}')
+    if len(parts) == 6:
+        return check_job(Job(size, run, parse_tokens(n), int(seed), parts[4], parse_tokens(parts[5])))
     return Job(size, run, parse_tokens(n), int(seed))
 
 
-def expand(sizes, runs, tokens, seeds, all_seeds=False, extra=()):
-    """The jobs of a call, in order, each once (the seed rule: module docstring)."""
+def expand(sizes, runs, tokens, seeds, all_seeds=False, extra=(), corpus=None, from_n=None):
+    """The jobs of a call, in order, each once (the seed rule: module docstring). With ``from_n`` (continued
+    pretraining), the runs of the cross product train on ``corpus`` (default B) from the (a) model on ``from_n``
+    tokens of A of their size and seed, every run at every seed; the start jobs come first (with_starts)."""
+    corpus = corpus or ('B' if from_n is not None else 'A')
     for run in runs:
         if run != 'ah':
             parse_run(run)
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f'--seeds {seeds}: give one or more distinct seeds')
     b_family = any(parse_run(r)[0] == 'b' for r in runs if r != 'ah')
+    if from_n is not None:
+        all_seeds = True  # each seed has its own start model: every run is compared at every seed
     out = []
 
     def add(job):
         if job not in out:
             out.append(job)
 
+    def job(size, run, n, s):
+        return check_job(Job(size, run, n, s, corpus, from_n)) if from_n is not None else Job(size, run, n, s)
+
     for size in sizes:
         for run in runs:
             for n in tokens:
                 if run == 'ah':
                     for s in seeds:
-                        add(Job(size, 'a', n // 2, s))
+                        add(job(size, 'a', n // 2, s))
                 elif run == 'a':
                     every = all_seeds or (b_family and 2 * n in tokens)
                     for s in (seeds if every else seeds[:1]):
-                        add(Job(size, 'a', n, s))
+                        add(job(size, 'a', n, s))
                 else:
                     for s in seeds:
-                        add(Job(size, run, n, s))
-    for job in extra:
-        add(job)
+                        add(job(size, run, n, s))
+    for x in extra:
+        add(x)
+    return with_starts(out)
+
+
+def with_starts(jobs):
+    """``jobs`` with the start job of every continuation added (once, before the first job that needs it)."""
+    out = []
+    for job in jobs:
+        start = start_job(job)
+        if start is not None and start not in out:
+            out.append(start)
+        if job not in out:
+            out.append(job)
     return out
 
 
@@ -110,20 +163,28 @@ def job_plan(job, T, G, stage1_batch, make_plan):
     [n1, n) at T with n = N (b) or 2N (c) and n1 the plan's stage-1 tokens. The margin from the reserve: 4 % of a
     file's tokens, the stage-2 slice after stage 1's."""
     base, K, lam = parse_run(job.run)
+    tag = () if job.corpus == 'A' else (job.corpus,)  # a cut of another corpus's stream: (..., corpus)
     if base == 'a':
         if job.N // (G * T) < 1:
             raise ValueError(f'{job_id(job)}: N = {job.N} is less than one step of {G * T} tokens')
-        return None, {'a': (0, job.N, T, 0)}
+        return None, {'a': (0, job.N, T, 0) + tag}
     n = job.N if base == 'b' else 2 * job.N
     plan = make_plan(n, K, lam, seq_length=T, global_batch_size=G, stage1_batch=stage1_batch)
     n1 = plan.stage1.budget_tokens
-    return plan, {'1': (0, n1, K * T, 0), '2': (n1, n - n1, T, int(n1 * MARGIN))}
+    return plan, {'1': (0, n1, K * T, 0) + tag, '2': (n1, n - n1, T, int(n1 * MARGIN)) + tag}
+
+
+def cut_corpus(cut):
+    """The corpus whose stream a cut is taken from: 'A' for the 4-field cuts of the kit's own stream."""
+    return cut[4] if len(cut) > 4 else 'A'
 
 
 def file_name(cut):
-    """One data file per distinct cut: runs that train on the same tokens at the same length share it."""
-    start, tokens, length, roff = cut
-    return f's{start}_n{tokens}_L{length}_r{roff}'
+    """One data file per distinct cut: runs that train on the same tokens at the same length share it (a cut of
+    corpus B: B_s..., from B's stream)."""
+    start, tokens, length, roff = cut[:4]
+    corpus = cut_corpus(cut)
+    return ('' if corpus == 'A' else f'{corpus}_') + f's{start}_n{tokens}_L{length}_r{roff}'
 
 
 def steps(job, T, G, plan):
@@ -143,11 +204,49 @@ def estimate_seconds(job, step_counts, stage1_export=True):
 
 
 def start_order(jobs, seconds):
-    """The order the jobs start in: the first seed's jobs first (if the deadline stops a call, what is lost is the
-    second seed's spread, not a point of the map), longest first within a seed (the classic makespan heuristic for
-    parallel slots); ties keep the given order."""
+    """The order the jobs start in: start jobs of continuations first (every continuation waits for one), then the
+    first seed's jobs first (if the deadline stops a call, what is lost is the second seed's spread, not a point of
+    the map), longest first within a seed (the classic makespan heuristic for parallel slots); ties keep the given
+    order."""
     seeds = list(dict.fromkeys(j.seed for j in jobs))
-    return sorted(jobs, key=lambda j: (seeds.index(j.seed), -seconds[j]))
+    starts = {start_job(j) for j in jobs} - {None}
+    return sorted(jobs, key=lambda j: (j not in starts, seeds.index(j.seed), -seconds[j]))
+
+
+def schedule(seconds, after, slots, window=None):
+    """makespan() with dependencies: ``after[k]`` is the index of the job that job k waits for (None: none), as
+    run.py runs them: a waiting job holds no slot; whenever a slot is free, the first job in the given order whose
+    start job has finished takes it (with a ``window``: unless its duration exceeds what is left, then it does not
+    start, nor does anything waiting for it). Returns (makespan, indices of the jobs that do not start, start times
+    (None for those))."""
+    n = len(seconds)
+    start, end, skipped = [None] * n, [None] * n, []
+    pending, t = list(range(n)), 0.0
+    while pending:
+        for k in list(pending):
+            d = after[k]
+            if d is not None and d in skipped:
+                pending.remove(k)
+                skipped.append(k)
+                continue
+            if d is not None and (end[d] is None or end[d] > t):
+                continue
+            if sum(1 for e in end if e is not None and e > t) >= max(1, slots):
+                break
+            pending.remove(k)
+            if window is not None and seconds[k] > window - t:
+                skipped.append(k)
+                continue
+            start[k], end[k] = t, t + seconds[k]
+        future = [e for e in end if e is not None and e > t]
+        if pending and not future:
+            if all(after[k] is not None and (after[k] in pending) for k in pending):
+                raise ValueError('schedule: a job waits for a job that never starts (a cycle)')
+            continue
+        if future:
+            t = min(future)
+    ends = [e for e in end if e is not None]
+    return (max(ends) if ends else 0.0), sorted(skipped), start
 
 
 def makespan(seconds, slots, window=None):

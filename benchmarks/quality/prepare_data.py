@@ -16,6 +16,20 @@ documents of at least --doc_chars characters (the last group of a file may be sh
 --doc_chars, so no document is longer than about 3 x --doc_chars (a file with no blank line, such as a KJV text,
 would otherwise be one huge document that lands whole in one run's range). The split is by document: a seeded coin
 with P(held-out) = --heldout per document.
+
+A second corpus into the same kit (the continued-pretraining study, README.md):
+
+    python benchmarks/quality/prepare_data.py CODE_DIR KIT_DIR --add_corpus B [--heldout_rows 512]
+        [--max_rows_per_doc 8]
+
+tokenizes the .txt files of CODE_DIR (make_code_corpus.py: one source file each) with KIT_DIR's tokenizer (no new
+tokenizer: the same ids as corpus A) into KIT_DIR/corpora/B, a kit of its own that make_run_data.py and
+eval_heldout.py read as they read KIT_DIR: tokenizer/ (a copy of KIT_DIR's, its sha256 in the manifest),
+train_docs.jsonl.xz, heldout_ids.npy, manifest.json. Each file is one document, its text verbatim (blank lines and
+indentation are code: no paragraph cutting). Held-out: whole files, never trained on, taken in a seeded order until
+their rows reach --heldout_rows (at most --max_rows_per_doc rows of BOS + T-1 tokens from the start of each file, so
+that no large file dominates); the rows are shuffled (seeded) and cut to --heldout_rows. The rest, shuffled (seeded),
+is the train stream.
 """
 import argparse
 import hashlib
@@ -24,6 +38,7 @@ import lzma
 import os
 import random
 import re
+import sys
 import time
 
 SPECIALS = ['<unk>', '<s>', '</s>', '<pad>']
@@ -104,7 +119,13 @@ def main():
     ap.add_argument('--seq', type=int, default=512, help='T: held-out rows are BOS + T-1 tokens')
     ap.add_argument('--max_heldout_rows', type=int, default=512)
     ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--add_corpus', metavar='NAME', default=None,
+                    help='a second corpus into the existing KIT (module docstring): KIT/corpora/NAME')
+    ap.add_argument('--heldout_rows', type=int, default=512, help='--add_corpus: held-out rows wanted')
+    ap.add_argument('--max_rows_per_doc', type=int, default=8, help='--add_corpus: held-out rows a file gives at most')
     a = ap.parse_args()
+    if a.add_corpus:
+        return add_corpus(a)
     import numpy as np
     os.makedirs(a.kit, exist_ok=True)
     t0 = time.time()
@@ -149,5 +170,100 @@ def main():
           f'({len(rows) * (a.seq - 1):,} predicted tokens); {time.time() - t0:.0f}s')
 
 
+def whole_file_documents(txt_dir):
+    """(id, text) per .txt file in name order, the text verbatim (no blank-line cutting: a code file's blank lines
+    and indentation are its syntax); files that are blank are left out."""
+    out = []
+    for name in sorted(os.listdir(txt_dir)):
+        if name.endswith('.txt'):
+            with open(os.path.join(txt_dir, name), encoding='utf-8') as f:
+                text = f.read()
+            if text.strip():
+                out.append((name[:-4], text))
+    return out
+
+
+def heldout_split(docs, ids_of, seq, want_rows, max_rows_per_doc, seed):
+    """Whole documents held out in a seeded order until their rows reach ``want_rows``: (held, train, rows).
+    ``ids_of(text)`` gives a document's token ids; each held-out document gives at most ``max_rows_per_doc`` rows of
+    seq - 1 tokens from its start (the caller adds BOS); documents shorter than one row are never held out."""
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    held, rows = set(), []
+    for i in order:
+        if len(rows) >= want_rows:
+            break
+        ids = ids_of(docs[i][1])
+        mine = [ids[s:s + seq - 1] for s in range(0, len(ids) - (seq - 1) + 1, seq - 1)][:max_rows_per_doc]
+        if mine:
+            held.add(i)
+            rows += mine
+    random.Random(seed + 2).shuffle(rows)
+    return ([docs[i] for i in sorted(held)], [d for i, d in enumerate(docs) if i not in held], rows[:want_rows])
+
+
+def sha256_file(path):
+    with open(path, 'rb') as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def add_corpus(a):
+    """--add_corpus NAME: the .txt files of a.corpus, tokenized with a.kit's tokenizer, into a.kit/corpora/NAME."""
+    import shutil
+
+    import numpy as np
+    from tokenizers import Tokenizer
+    if not re.fullmatch(r'[A-Z][A-Za-z0-9]*', a.add_corpus) or a.add_corpus == 'A':
+        raise SystemExit(f'--add_corpus {a.add_corpus!r}: a name like B (a capital letter first; A is the kit\'s own)')
+    tok_dir = os.path.join(a.kit, 'tokenizer')
+    if not os.path.exists(os.path.join(tok_dir, 'tokenizer.json')):
+        raise SystemExit(f'{a.kit}: no tokenizer/tokenizer.json (run prepare_data.py on corpus A first)')
+    t0 = time.time()
+    out = os.path.join(a.kit, 'corpora', a.add_corpus)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    shutil.copytree(tok_dir, os.path.join(out, 'tokenizer'))
+    tok = Tokenizer.from_file(os.path.join(tok_dir, 'tokenizer.json'))
+    docs = whole_file_documents(a.corpus)
+    cache = {}
+
+    def ids_of(text):
+        if text not in cache:
+            cache[text] = tok.encode(text, add_special_tokens=False).ids
+        return cache[text]
+
+    held, train, rows = heldout_split(docs, ids_of, a.seq, a.heldout_rows, a.max_rows_per_doc, a.seed)
+    random.Random(a.seed + 1).shuffle(train)
+    enc = tok.encode_batch([t for _, t in train], add_special_tokens=False)
+    train_tokens = [len(e.ids) for e in enc]
+    with lzma.open(os.path.join(out, 'train_docs.jsonl.xz'), 'wt', encoding='utf-8', preset=9) as f:
+        for (i, t), n in zip(train, train_tokens):
+            f.write(json.dumps({'doc': i, 'tokens': n, 'text': t}, ensure_ascii=False) + '\n')
+    bos = tok.token_to_id('<s>')
+    np.save(os.path.join(out, 'heldout_ids.npy'), np.asarray([[bos] + r for r in rows], dtype=np.int32))
+    source = None
+    if os.path.exists(os.path.join(a.corpus, 'code_corpus.json')):
+        with open(os.path.join(a.corpus, 'code_corpus.json')) as f:
+            c = json.load(f)
+        source = {'python': c.get('python'), 'roots': c.get('roots'), 'fingerprint': c.get('fingerprint')}
+    manifest = {
+        'name': a.add_corpus, 'corpus': os.path.abspath(a.corpus), 'source': source, 'seed': a.seed,
+        'documents': len(docs), 'train_documents': len(train), 'heldout_documents': len(held),
+        'train_tokens': sum(train_tokens), 'heldout_rows': len(rows), 'heldout_seq': a.seq,
+        'heldout_predicted_tokens': len(rows) * (a.seq - 1), 'max_rows_per_doc': a.max_rows_per_doc,
+        'tokenizer': {'copied_from': os.path.abspath(tok_dir),
+                      'sha256': sha256_file(os.path.join(tok_dir, 'tokenizer.json')),
+                      'vocab_size': tok.get_vocab_size()},
+        'heldout': [{'doc': i, 'sha1': hashlib.sha1(t.encode()).hexdigest()[:12]} for i, t in held],
+    }
+    with open(os.path.join(out, 'manifest.json'), 'w') as f:
+        json.dump(manifest, f, indent=1)
+    print(f'corpus {a.add_corpus}: {len(docs)} documents: {len(train)} train ({sum(train_tokens):,} tokens), '
+          f'{len(held)} held-out -> {len(rows)} rows x {a.seq}; {out} ({time.time() - t0:.0f}s)')
+    if len(rows) < a.heldout_rows:
+        print(f'warning: only {len(rows)} held-out rows (wanted {a.heldout_rows}): the corpus is small')
+    return 0
+
+
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -46,7 +46,8 @@ MARKERS = {'tiny': 'o', 'XS': 's', 'S': '^', 'M': 'D'}
 
 
 def load(paths):
-    """Rows of finished runs: dicts size, run, N, seed, loss, non_emb, setup, source (c on N -> b on 2N)."""
+    """Rows of finished runs: dicts size, run, N, seed, loss, non_emb, setup, source (c on N -> b on 2N). Rows of
+    continued pretraining (another corpus, a start model: continued.py) are left out."""
     out = []
     for path in paths:
         if os.path.isdir(path):
@@ -58,6 +59,8 @@ def load(paths):
             status = r.get('status') or ('done' if r.get('heldout_loss') is not None else 'not finished')
             if status != 'done' or r.get('heldout_loss') is None:
                 continue
+            if r.get('from_n') or (r.get('corpus') or 'A') != 'A':
+                continue  # continued pretraining (continued.py): not a point of the map
             run, n = r['run'], r.get('N', meta.get('N'))
             base, K, lam = parse_run(run)
             if base == 'c':  # PLT on 2N: the same run as (b) on 2N

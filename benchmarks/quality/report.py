@@ -9,6 +9,12 @@ Compute per model position (a token at K=1, a patch at K=4; a stage-1 row of K*T
     F = 6 * (P_nonemb + V*H)  +  6 * layers * H * T        (dense matmuls incl. the LM head; causal attention)
 so a run's FLOPs = F * (positions of stage 1 + positions of stage 2); the ratio to (a) is the plan's
 λ/K + 1 - λ (after rounding). The mean of K embeddings and the K-target loss are left out (O(K*H), O(K) a position).
+
+Continued pretraining (jobs on corpus B from a start model, run.py --continue_from): each row also has `corpus`,
+`from_n`, `start` (the start job's id), `heldout` ({'A': loss, 'B': loss}: eval.jsonl's NAME and NAME@B) and
+`heldout_loss` = the loss on the row's own training corpus (B for a continuation); `first_losses` (each stage's first
+5 logged train losses, [iteration, loss]) and, for two-stage runs, `stage2_first_losses` (the token-level loss right
+after the stage switch). continued.py makes the study's table and plot from these rows.
 """
 import json
 import os
@@ -59,6 +65,14 @@ def run_shape(meta, run):
     return meta.get('K', 4), meta.get('G1', meta['G'])  # G1 absent: the first calls, --stage1_batch sequences
 
 
+FIRST_LOGGED = 5  # how many of a stage's first logged losses a row keeps
+
+
+def first_losses(logs, k=FIRST_LOGGED):
+    """[[iteration, loss], ...] of the first ``k`` logged steps of a stage (logging.jsonl rows with a loss)."""
+    return [[int(str(x['iteration']).split('/')[0]), x['loss']] for x in logs[:k]]
+
+
 def main():
     work, out = sys.argv[1], sys.argv[2]
     meta = json.load(open(os.path.join(out, 'meta.json')))
@@ -99,18 +113,27 @@ def main():
                            'lock_wait_seconds': timing.get('lock_wait_seconds'),
                            'tokens_per_s': n * Gs * L / sum(steps_s) if steps_s else None,
                            'positions_per_s': n * Gs * T / sum(steps_s) if steps_s else None,
-                           'final_train_loss': logs[-1]['loss'] if logs else None, 'points': pts})
+                           'final_train_loss': logs[-1]['loss'] if logs else None,
+                           'first_losses': first_losses(logs), 'points': pts})
             x0 += F * n * Gs * T / a_flops
             g0 += sum(steps_s)
             toks += n * Gs * L
             gpu += sum(steps_s)
         if not all(st['complete'] and st['train_seconds'] for st in stages):
             gpu = None  # a stage did not finish (or has no timing): no total
-        e = evals.get(job['id'], {})
-        e1 = evals.get(f"{job['id']}_stage1", {})
+        corpus = job.get('corpus') or 'A'
+        labels = ['A'] + sorted({k.rsplit('@', 1)[1] for k in evals if '@' in k})
+        heldout = {c: evals.get(job['id'] + ('' if c == 'A' else '@' + c), {}) for c in labels}
+        e = heldout.get(corpus) or {}  # the held-out set of the corpus the job trained on (last)
+        e1 = evals.get(f"{job['id']}_stage1" + ('' if corpus == 'A' else '@' + corpus), {})
         status = job.get('status') or ('done' if e.get('loss') is not None else 'not finished')
         loss = e.get('loss') if status == 'done' else None  # a job that did not finish has no result
         rows.append({'job': job['id'], 'run': run, 'size': size, 'N': job['N'], 'seed': job['seed'],
+                     'corpus': corpus, 'from_n': job.get('from_n'), 'start': job.get('start'),
+                     'reused_from': job.get('reused_from'),
+                     'heldout': {c: (x.get('loss') if status == 'done' else None) for c, x in heldout.items()},
+                     'first_losses': stages[0]['first_losses'] if stages else [],
+                     'stage2_first_losses': stages[1]['first_losses'] if len(stages) > 1 else None,
                      'a_iters': job['a_iters'],
                      'status': status, 'params': m['params'], 'non_embedding_params': m['non_embedding_params'],
                      'tokens': toks, 'tokens_per_param': toks / m['params'], 'gpu_seconds': gpu,
@@ -120,8 +143,9 @@ def main():
                      'eval_error': e.get('error'), 'stages': stages,
                      'init_heldout_loss': evals.get(f'{size}_init', {}).get('loss')})
 
-    def baseline(r):  # (a) of the same size and N: the same seed, else the first seed run
-        same = [x for x in rows if x['size'] == r['size'] and x['run'] == 'a' and x['N'] == r['N']]
+    def baseline(r):  # (a) of the same size, N, corpus and start: the same seed, else the first seed run
+        same = [x for x in rows if x['size'] == r['size'] and x['run'] == 'a' and x['N'] == r['N'] and
+                x['corpus'] == r['corpus'] and x['from_n'] == r['from_n']]
         return next((x for x in same if x['seed'] == r['seed']), same[0] if same else None)
 
     for r in rows:
@@ -133,6 +157,13 @@ def main():
     json.dump({'meta': meta, 'rows': rows}, open(os.path.join(out, 'results.json'), 'w'), indent=1, default=str)
 
     names = {r['run']: run_label(r['run']) for r in rows}
+
+    def where(r):  # a continuation: its corpus and start; a start model of an earlier call (--start_models)
+        if r.get('reused_from'):
+            return ' (start model of an earlier call, --start_models: not trained here)'
+        return f" on {r['corpus']} from {r['start']}" if r['from_n'] else (
+            f" on {r['corpus']}" if r['corpus'] != 'A' else '')
+
     lock = meta.get('gpu_lock', True)
     gpu_name = 'GPU s' if lock else 'loop s (no GPU lock)'
 
@@ -147,7 +178,7 @@ def main():
         steps = ' + '.join(str(s['iterations']) for s in r['stages'])
         loss = f(r['heldout_loss'], '.4f') if r['status'] == 'done' else r['status']
         lines.append(
-            f"| {names[r['run']]} | {r['N']:,} | {r['seed']} | {r['size']} ({m['params'] / 1e6:.1f} M, "
+            f"| {names[r['run']]}{where(r)} | {r['N']:,} | {r['seed']} | {r['size']} ({m['params'] / 1e6:.1f} M, "
             f"{m['non_embedding_params'] / 1e6:.1f} M non-emb.) | {r['tokens'] / 1e6:.2f} M "
             f"({r['tokens_per_param']:.2f}) | {steps} | "
             f"{f(r['gpu_seconds'], '.1f')} ({f(r['gpu_ratio'], '.3f')}) | {r['flop_ratio']:.4f} | "
@@ -156,7 +187,10 @@ def main():
             + (f"{f(r['stage1_heldout_loss'], '.4f')} / {f(r['stage1_ppl'], '.1f')}" if r['run'] != 'a' else '—')
             + ' |')
     lines.append('')
-    lines.append('(vs a): against (a) of the same size, N and seed (else its first seed). Per stage ('
+    lines.append('(vs a): against (a) of the same size, N and seed (else its first seed)'
+                 + (', the same corpus and start model; held-out loss: on the corpus the run trained on (a '
+                    'continuation: on B; continued.md has both)' if any(r['corpus'] != 'A' for r in rows) else '')
+                 + '. Per stage ('
                  + ('GPU s = the sum of its training steps, alone on the GPU' if lock else
                     'loop s = the sum of its training steps; other runs trained at the same time (no GPU lock)')
                  + '; the final checkpoint save is not counted): ')
@@ -194,25 +228,26 @@ def main():
     first = meta.get('seeds', [42])[0]
     shown = [r for r in rows if r['seed'] == first]  # curves of the first seed only
     n_ref = max(r['a_iters'] for r in rows)  # x: FLOPs / FLOPs of (a) on the largest N
-    series = list(dict.fromkeys((r['run'], r['N']) for r in shown))
+    series = list(dict.fromkeys((r['run'], r['N'], r['corpus']) for r in shown))
     base_colors = {'a': 'tab:blue', 'b': 'tab:orange', 'c': 'tab:green'}
     one_n = len({r['N'] for r in rows}) == 1
     colors = {}
-    for i, (run, n) in enumerate(series):
-        colors[(run, n)] = base_colors[run] if one_n and run in base_colors else f'C{i % 10}'
+    for i, (run, n, corpus) in enumerate(series):
+        colors[(run, n, corpus)] = base_colors[run] if one_n and run in base_colors else f'C{i % 10}'
 
     def label(r):
+        tail = f" on {r['corpus']}" if r['corpus'] != 'A' else ''
         if one_n:
-            return names[r['run']]
+            return names[r['run']] + tail
         n = f"{r['N'] / 1e6:g}M" if r['N'] >= 10**6 else f"{r['N']:,}"
-        return names[r['run']].replace(', N', f', N={n}').replace(', 2N', f', 2N (N={n})')
+        return names[r['run']].replace(', N', f', N={n}').replace(', 2N', f', 2N (N={n})') + tail
 
     fig, axes = plt.subplots(2, len(sizes), figsize=(6.5 * len(sizes), 9), squeeze=False)
     for j, size in enumerate(sizes):
         for i, xkey in enumerate((0, 1)):
             ax = axes[i][j]
             for r in [x for x in shown if x['size'] == size]:
-                c = colors[(r['run'], r['N'])]
+                c = colors[(r['run'], r['N'], r['corpus'])]
                 scale = r['a_iters'] / n_ref if xkey == 0 else 1.0
 
                 def X(p):

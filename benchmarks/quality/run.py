@@ -31,8 +31,19 @@ Deadline (--deadline, seconds from the start): a job starts only while time is l
 fits in what is left); jobs start in jobs.start_order (first seed first, longest first); a step still running at the
 deadline is killed. A job that did not finish is reported with its status (not started / killed / failed), never
 with a loss.
+
+Continued pretraining (README.md, "Continued pretraining"): --continue_from N_A [--corpus B] makes every run of the
+cross product a continuation on corpus B (KIT/corpora/B, prepare_data.py --add_corpus) from the exported HF model of
+(a) on N_A tokens of A at the same size and seed (the start job, added to the call and started first; jobs.py). A
+continuation waits for its start job (without holding a --max_parallel slot) and starts from its weights:
+`megatron pt --model START_HF` for (a), `swift-plt-two-stage --model START_HF` for (b)/(c) (stage 1 is `megatron pt
+--model START_HF`, which loads the HF weights). --start_models DIR_OR_TAR reuses start models of an earlier call
+(--export_starts TAR writes them: one folder per start job id); a reused start is not trained again. Every model is
+scored on held-out A and on the held-out rows of each corpus of the call (eval.jsonl names NAME and NAME@B);
+continued.py writes continued.md / continued.png.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -40,6 +51,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
@@ -49,14 +61,23 @@ sys.path.insert(0, HERE)
 from launch import KILLED, LR, NOT_STARTED, Runner, exe, export_args, megatron_common, step_status  # noqa: E402,F401
 
 
-def plan_call(a, make_plan, parse_tokens, train_tokens=None):
-    """The jobs of the call, each with its plan, data cuts, steps and estimate; the reserve start. Prints the list."""
+def plan_call(a, make_plan, parse_tokens, train_tokens=None, reused=()):
+    """The jobs of the call, each with its plan, data cuts, steps and estimate; the reserve start of each corpus
+    ({corpus: token}; ``train_tokens``: {corpus: stream tokens} where known). Prints the list. Start jobs in
+    ``reused`` (their models come from --start_models) train nothing: no data, estimate 0."""
     import jobs as J
     tokens = [parse_tokens(x) for x in a.tokens]
     extra = [J.parse_job_spec(x, parse_tokens) for x in a.jobs]
-    job_list = J.expand(a.sizes, a.runs, tokens, a.seeds, a.all_seeds, extra)
+    from_n = parse_tokens(a.continue_from) if a.continue_from else None
+    try:
+        job_list = J.expand(a.sizes, a.runs, tokens, a.seeds, a.all_seeds, extra, a.corpus, from_n)
+    except ValueError as e:
+        raise SystemExit(str(e))
+    if from_n and not a.runs:  # --continue_from with no --runs: the start models alone (--export_starts)
+        job_list = J.with_starts([J.Job(z, 'a', from_n, s) for z in a.sizes for s in a.seeds] + job_list)
     if not job_list:
         raise SystemExit('no runs: give --runs or --jobs')
+    train_tokens = train_tokens or {}
     T, G = a.seq, a.gbs
     info = {}
     for job in job_list:
@@ -65,34 +86,124 @@ def plan_call(a, make_plan, parse_tokens, train_tokens=None):
         except ValueError as e:
             raise SystemExit(f'{J.job_id(job)}: {e}')
         st = J.steps(job, T, G, plan)
+        start = J.start_job(job)
+        if job in reused:
+            cuts = {}
         info[job] = {'id': J.job_id(job), 'plan': plan, 'cuts': cuts, 'steps': st,
                      'files': {k: J.file_name(c) for k, c in cuts.items()},
-                     'estimate_s': J.estimate_seconds(job, st)}
+                     'estimate_s': 0.0 if job in reused else J.estimate_seconds(job, st),
+                     'start': J.job_id(start) if start else None, 'reused': job in reused}
     cuts = {J.file_name(c): c for i in info.values() for c in i['cuts'].values()}
-    reserve = J.reserve_start([c[0] + c[1] for c in cuts.values()],
-                              max(c[3] + int(c[1] * J.MARGIN) for c in cuts.values()), train_tokens,
-                              a.reserve_from, max(tokens) if tokens else None)
+    reserve = {}
+    for corpus in dict.fromkeys(J.cut_corpus(c) for c in cuts.values()):
+        mine = [c for c in cuts.values() if J.cut_corpus(c) == corpus]
+        ns = [j.N for j in job_list if j.corpus == corpus and j not in reused]
+        if corpus == 'A' and not from_n and tokens:
+            ns = tokens  # as before continuations: 2 x the largest --tokens
+        try:
+            reserve[corpus] = J.reserve_start([c[0] + c[1] for c in mine],
+                                              max(c[3] + int(c[1] * J.MARGIN) for c in mine),
+                                              train_tokens.get(corpus),
+                                              a.reserve_from if corpus == 'A' else a.cont_reserve_from, max(ns))
+        except ValueError as e:
+            raise SystemExit(f'corpus {corpus}: {e}')
     order = J.start_order(job_list, {j: info[j]['estimate_s'] for j in job_list})
     est = [info[j]['estimate_s'] for j in order]
+    after = [order.index(J.start_job(j)) if J.start_job(j) else None for j in order]
+    chained = any(x is not None for x in after)
     P = min(a.max_parallel or len(job_list), len(job_list))
-    lines = [(f'planned runs: {len(job_list)} (start order: first seed first, longest first); data: {len(cuts)} '
-              f'files, reserve from token {reserve:,}'), '| job | steps | est. s | data files |',
-             '| --- | ---: | ---: | --- |']
+    lines = [(f'planned runs: {len(job_list)} (start order: '
+              + ('start models first, then ' if chained else '') + 'first seed first, longest first); data: '
+              f'{len(cuts)} files, reserve from token '
+              + ', '.join(f'{v:,}' + (f' ({k})' if len(reserve) > 1 or k != 'A' else '') for k, v in reserve.items())),
+             '| job | steps | est. s | data files |', '| --- | ---: | ---: | --- |']
     for j in order:
         i = info[j]
-        lines.append(f"| {i['id']} | {' + '.join(map(str, i['steps']))} | {i['estimate_s']:.0f} | "
-                     f"{', '.join(i['files'].values())} |")
+        files = ', '.join(i['files'].values()) or ('— (reused start model)' if i['reused'] else '—')
+        lines.append(f"| {i['id']} | {' + '.join(map(str, i['steps']))} | {i['estimate_s']:.0f} | {files}"
+                     + (f" (after {i['start']})" if i['start'] else '') + ' |')
+    span = J.schedule(est, after, P)[0] if chained else J.makespan(est, P)
     lines.append(f'estimate (H100 figures of jobs.py for T=512, G=32; meaningless on CPU): {sum(est):.0f} s of '
-                 f'pipelines alone; {P} at once in this order: {J.makespan(est, P):.0f} s + ~60 s of models and '
-                 f'data, if start-ups do not slow one another (measured up to 4 at once on 16 cores; 9 at once made '
-                 f'each 2-5x slower). Eval ~2 s a model. Deadline: {a.deadline:.0f} s.')
+                 f'pipelines alone; {P} at once in this order'
+                 + (', each continuation after its start model' if chained else '')
+                 + f': {span:.0f} s + ~60 s of models and data, if start-ups do not slow one another (measured up '
+                 f'to 4 at once on 16 cores; 9 at once made each 2-5x slower). Eval ~2 s a model'
+                 + (' and held-out set' if any(j.corpus != 'A' for j in job_list) else '')
+                 + f'. Deadline: {a.deadline:.0f} s.')
     if not a.cpu:
-        _, late = J.makespan(est, P, a.deadline - 60)
+        late = J.schedule(est, after, P, a.deadline - 60)[1]
         lines.append('by this estimate, with ~60 s of models and data before the first job: '
                      + (f"{len(late)} job(s) would not start before the deadline: "
                         f"{', '.join(info[order[k]]['id'] for k in late)}" if late else 'every job starts in time'))
     print('\n'.join(lines), flush=True)
     return job_list, order, info, cuts, reserve
+
+
+class OrderedSlots:
+    """--max_parallel slots taken in the start order (jobs.start_order): a free slot goes to the first job in that
+    order among those waiting for one (continuations wait only once their start model is there), as jobs.schedule
+    assumes; a plain semaphore would let the continuations woken together by their start model race for it."""
+
+    def __init__(self, n, order):
+        self.free, self.rank, self.waiting = n, {j: i for i, j in enumerate(order)}, set()
+        self.cv = threading.Condition()
+
+    def acquire(self, job):
+        with self.cv:
+            self.waiting.add(job)
+            self.cv.wait_for(lambda: self.free > 0 and min(self.waiting, key=self.rank.__getitem__) == job)
+            self.waiting.remove(job)
+            self.free -= 1
+            self.cv.notify_all()
+
+    def release(self):
+        with self.cv:
+            self.free += 1
+            self.cv.notify_all()
+
+
+def corpus_kit(kit, corpus):
+    """The kit folder of a corpus: KIT for A, KIT/corpora/NAME for the others (prepare_data.py --add_corpus)."""
+    return kit if corpus == 'A' else os.path.join(kit, 'corpora', corpus)
+
+
+def start_model_names(path):
+    """The top-level folder names in --start_models PATH (a folder, or a tar as --export_starts writes)."""
+    if path is None:
+        return set()
+    if os.path.isfile(path):
+        with tarfile.open(path) as t:
+            return {n.split('/')[0] for n in t.getnames()}
+    return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+
+def find_start_models(path, work, ids):
+    """{start id: HF dir} of the start models in --start_models PATH (a folder of ID/ folders, or a .tar of them as
+    --export_starts writes), among ``ids``; a tar is unpacked into WORK/start_models."""
+    if path is None:
+        return {}
+    if os.path.isfile(path):
+        dest = os.path.join(work, 'start_models')
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        with tarfile.open(path) as t:
+            for m in t.getmembers():
+                if m.name.startswith('/') or '..' in m.name.split('/') or not (m.isfile() or m.isdir()):
+                    raise SystemExit(f'--start_models {path}: unexpected member {m.name!r}')
+            t.extractall(dest)
+        path = dest
+    elif not os.path.isdir(path):
+        raise SystemExit(f'--start_models {path}: neither a folder nor a tar')
+    return {i: os.path.join(path, i) for i in sorted(ids) if os.path.exists(os.path.join(path, i, 'config.json'))}
+
+
+def export_starts(path, models):
+    """--export_starts: a tar of the start models ({id: HF dir}), one ID/ folder each (read by --start_models)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with tarfile.open(path, 'w') as t:
+        for i, d in sorted(models.items()):
+            t.add(d, arcname=i)
+    print(f'start models {sorted(models)} -> {path} ({os.path.getsize(path) / 2**20:.1f} MiB)', flush=True)
 
 
 def main():
@@ -133,6 +244,19 @@ def main():
     ap.add_argument('--reserve_from', default=None,
                     help='first stream token of the reserve (default: 2 x the largest N, or the farthest cut when '
                     'the stream is too short); give the same value to every call of one study')
+    ap.add_argument('--continue_from', default=None, metavar='N_A',
+                    help='continued pretraining: every run of --runs/--tokens/--seeds trains on --corpus, starting '
+                    'from the exported (a) model on N_A tokens of A of its size and seed (added to the call, run '
+                    'first); with no --runs, the start models alone')
+    ap.add_argument('--corpus', default='B', help='with --continue_from: the corpus of the continuations '
+                    '(KIT/corpora/NAME, prepare_data.py --add_corpus NAME)')
+    ap.add_argument('--cont_reserve_from', default=None,
+                    help="first token of the reserve of the continuation corpus's stream (default: 2 x the largest N "
+                    'on it); give the same value to every call of one study')
+    ap.add_argument('--start_models', default=None, metavar='DIR_OR_TAR',
+                    help='start models of an earlier call (--export_starts): a start job found there is not run again')
+    ap.add_argument('--export_starts', default=None, metavar='TAR',
+                    help='write the start models this call trained (exported HF) into TAR, one folder per start job id')
     ap.add_argument('--plan_only', action='store_true', help='print the run list and the estimate; run nothing')
     ap.add_argument('--cpu', action='store_true', help='CPU dry run through the test harness flags')
     a = ap.parse_args()
@@ -144,13 +268,45 @@ def main():
     from swift_plt.recipe.plan import make_plan, parse_tokens
     if a.reserve_from is not None:
         a.reserve_from = parse_tokens(a.reserve_from)
-    manifest = os.path.join(a.kit, 'manifest.json')
-    kit = {}
-    if os.path.exists(manifest):
-        with open(manifest) as f:
-            kit = json.load(f)
+    if a.cont_reserve_from is not None:
+        a.cont_reserve_from = parse_tokens(a.cont_reserve_from)
+    try:
+        extra = J.with_starts([J.parse_job_spec(x, parse_tokens) for x in a.jobs])
+    except ValueError as e:
+        raise SystemExit(str(e))
+    corpora = list(dict.fromkeys(['A'] + ([a.corpus] if a.continue_from else []) + [j.corpus for j in extra]))
+    kits = {}
+    for c in corpora:
+        manifest = os.path.join(corpus_kit(a.kit, c), 'manifest.json')
+        kits[c] = {}
+        if os.path.exists(manifest):
+            with open(manifest) as f:
+                kits[c] = json.load(f)
+        elif c != 'A' and not a.plan_only:
+            raise SystemExit(f'corpus {c}: no {manifest} (prepare_data.py CODE_DIR {a.kit} --add_corpus {c})')
+    kit = kits['A']
+    tok_json = os.path.join(a.kit, 'tokenizer', 'tokenizer.json')
+    for c in corpora[1:]:  # the same token ids as A: the kit's own tokenizer
+        want = (kits[c].get('tokenizer') or {}).get('sha256')
+        if want and os.path.exists(tok_json):
+            with open(tok_json, 'rb') as f:
+                if hashlib.sha256(f.read()).hexdigest() != want:
+                    raise SystemExit(f'corpus {c}: tokenized with another tokenizer than {tok_json} (rerun '
+                                     f'prepare_data.py --add_corpus {c} on this kit)')
     t0 = time.time()
-    job_list, order, info, cuts, reserve = plan_call(a, make_plan, parse_tokens, kit.get('train_tokens'))
+    wanted = {J.job_id(j) for j in extra if any(J.start_job(x) == j for x in extra)}
+    if a.continue_from:
+        wanted |= {J.job_id(J.Job(z, 'a', parse_tokens(a.continue_from), s)) for z in a.sizes for s in a.seeds}
+    if a.plan_only:
+        found = {i: None for i in sorted(start_model_names(a.start_models) & wanted)}
+    else:
+        os.makedirs(a.work, exist_ok=True)
+        found = find_start_models(a.start_models, a.work, wanted)
+    reused = {J.parse_job_id(i) for i in found}
+    job_list, order, info, cuts, reserve = plan_call(a, make_plan, parse_tokens,
+                                                     {c: k.get('train_tokens') for c, k in kits.items()}, reused)
+    if a.start_models:
+        print(f'start models reused (--start_models): {sorted(found) or "none found"}', flush=True)
     if a.plan_only:
         return 0
     os.makedirs(a.work, exist_ok=True)
@@ -158,9 +314,10 @@ def main():
     T, G = a.seq, a.gbs
     sizes = list(dict.fromkeys(j.size for j in job_list))
 
-    # models: one per size and init seed
+    # models: one per size and init seed (continuations and reused start models need none)
     keys = list(dict.fromkeys([J.model_key(s, J.FIRST_SEED) for s in sizes] +
-                              [J.model_key(j.size, j.seed) for j in job_list]))
+                              [J.model_key(j.size, j.seed) for j in job_list if j.from_n is None and
+                               j not in reused]))
     models = {}
     r = subprocess.run([sys.executable, os.path.join(HERE, 'make_models.py'), os.path.join(a.kit, 'tokenizer'),
                         os.path.join(a.work, 'models'), *keys], capture_output=True, text=True, check=True)
@@ -170,18 +327,28 @@ def main():
             models[m['key']] = m
     print(f'models: {json.dumps(models)}', flush=True)
 
-    # data: one file per distinct cut, one process per file
+    # data: one file per distinct cut, one process per file (a cut of corpus B from B's kit and reserve)
     data = os.path.join(a.work, 'data')
     specs = [f'{name}:{c[0]}:{c[1]}:{c[2]}:{c[3]}' for name, c in cuts.items()]
-    cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'), a.kit, data, '--reserve_from',
-                                 str(reserve), '--margin', str(J.MARGIN), '--spec', sp, '--stats',
-                                 f'data_stats_{sp.split(":")[0]}.json']) for sp in specs]
+    cutters = [subprocess.Popen([sys.executable, os.path.join(HERE, 'make_run_data.py'),
+                                 corpus_kit(a.kit, J.cut_corpus(c)), data, '--reserve_from',
+                                 str(reserve[J.cut_corpus(c)]), '--margin', str(J.MARGIN), '--spec', sp, '--stats',
+                                 f'data_stats_{sp.split(":")[0]}.json']) for sp, c in zip(specs, cuts.values())]
     if any(p.wait() for p in cutters):
         raise SystemExit('make_run_data.py failed')
     print(f'data ready: {time.time() - t0:.0f}s', flush=True)
 
     runner = Runner(a, t0)
     status = {}
+    finished = {j: threading.Event() for j in job_list}  # set when a job ends, however it ends
+
+    def hf_dir(job):
+        jid = J.job_id(job)
+        return found[jid] if jid in found else os.path.join(a.work, 'runs', jid, 'hf')
+
+    for job in reused:
+        status[job] = 'done'
+        finished[job].set()
 
     def pipeline(job):
         i = info[job]
@@ -191,7 +358,8 @@ def main():
             status[job] = f"not started (estimate {i['estimate_s']:.0f} s > {left:.0f} s left)"
             runner.failed.append(f'{jid}: {status[job]}')
             return
-        m = models[J.model_key(job.size, job.seed)]
+        start = J.start_job(job)  # a continuation starts from the start model's HF weights (--model)
+        m = {'dir': hf_dir(start)} if start else models[J.model_key(job.size, job.seed)]
         out = os.path.join(a.work, 'runs', jid)
         shutil.rmtree(out, ignore_errors=True)  # never a model of an earlier call in the same work dir
         common = megatron_common(a, job.size, job.seed)
@@ -236,18 +404,32 @@ def main():
             t.join()
         status[job] = why or 'done'
 
-    slots = threading.Semaphore(a.max_parallel or len(job_list))
+    slots = OrderedSlots(a.max_parallel or len(job_list), order)
 
     def limited(job):
-        with slots:
+        try:
+            start = J.start_job(job)
+            if start is not None:  # a continuation: its start model first (waiting holds no slot)
+                finished[start].wait()
+                if status.get(start) != 'done':
+                    status[job] = f"not started (start model {J.job_id(start)}: {status.get(start)})"
+                    runner.failed.append(f"{info[job]['id']}: {status[job]}")
+                    return
+            slots.acquire(job)
             try:
                 pipeline(job)
             except Exception as e:  # noqa: BLE001 -- one job's error must not stop the others
                 status[job] = f'error: {type(e).__name__}: {e}'
                 runner.failed.append(f"{info[job]['id']}: {status[job]}")
+            finally:
+                slots.release()
+        finally:
+            finished[job].set()
 
     threads = []
     for job in order:  # threads queue on the semaphore in this order (jobs.start_order)
+        if job in reused:
+            continue
         th = threading.Thread(target=limited, args=(job,))
         th.start()
         threads.append(th)
@@ -257,8 +439,14 @@ def main():
     done = [j for j in job_list if status.get(j) == 'done']
     print(f'training + exports done: {time.time() - t0:.0f}s; {len(done)}/{len(job_list)} runs finished; '
           f'failed: {runner.failed}', flush=True)
+    start_ids = wanted | {J.job_id(s) for s in (J.start_job(j) for j in job_list) if s}
+    if a.export_starts:
+        trained = {J.job_id(j): hf_dir(j) for j in done if J.job_id(j) in start_ids and j not in reused}
+        if trained:
+            export_starts(a.export_starts, trained)
 
-    # held-out evaluation (the finished runs only): plain transformers, plugin disabled
+    # held-out evaluation (the finished runs only): plain transformers, plugin disabled; every model on held-out A
+    # and, in a call with continuations, on the held-out rows of their corpus too (eval.jsonl: NAME@B)
     evals = os.path.join(a.out, 'eval.jsonl')
     if os.path.exists(evals):
         os.remove(evals)
@@ -267,12 +455,14 @@ def main():
         out = os.path.join(a.work, 'runs', info[job]['id'])
         if job.run != 'a' and os.path.isdir(os.path.join(out, 'hf_stage1')):  # the end of stage 1
             targets.append(f"{info[job]['id']}_stage1={os.path.join(out, 'hf_stage1')}")
-        targets.append(f"{info[job]['id']}={os.path.join(out, 'hf')}")
+        targets.append(f"{info[job]['id']}={hf_dir(job)}")
     env = dict(os.environ, SWIFT_PLT_DISABLE='1')
     if a.cpu:
         env.pop('PYTHONPATH', None)
         env['QUAL_EVAL_ROWS'] = '8'  # the CPU dry run scores 8 rows, not all 512
-    r = subprocess.run([sys.executable, os.path.join(HERE, 'eval_heldout.py'), os.path.join(a.kit, 'heldout_ids.npy'),
+    ids = ','.join([os.path.join(a.kit, 'heldout_ids.npy')] +
+                   [f"{c}={os.path.join(corpus_kit(a.kit, c), 'heldout_ids.npy')}" for c in corpora[1:]])
+    r = subprocess.run([sys.executable, os.path.join(HERE, 'eval_heldout.py'), ids,
                         evals, *targets], env=env, cwd='/tmp', capture_output=True, text=True, check=False)
     with open(os.path.join(a.out, 'eval.log'), 'w') as f:
         f.write(r.stdout + r.stderr)
@@ -280,9 +470,15 @@ def main():
 
     runs = list(dict.fromkeys(j.run for j in job_list))
     meta = {'T': T, 'G': G, 'stage1_batch': a.stage1_batch, 'tokens': sorted({j.N for j in job_list}),
-            'seeds': a.seeds, 'gpu_lock': not a.no_gpu_lock, 'reserve_from': reserve,
+            'seeds': a.seeds, 'gpu_lock': not a.no_gpu_lock, 'reserve_from': reserve.get('A'),
+            'reserve_from_corpora': reserve,
             'kit': {'path': a.kit, 'train_tokens': kit.get('train_tokens'), 'vocab': kit.get('vocab')},
+            'corpora': {c: {'path': corpus_kit(a.kit, c), 'train_tokens': kits[c].get('train_tokens'),
+                            'heldout_rows': kits[c].get('heldout_rows'), 'source': kits[c].get('source')}
+                        for c in corpora[1:]},
             'jobs': [{'id': info[j]['id'], 'size': j.size, 'run': j.run, 'N': j.N, 'seed': j.seed,
+                      'corpus': j.corpus, 'from_n': j.from_n, 'start': info[j]['start'],
+                      'reused_from': found.get(info[j]['id']),
                       'init_seed': J.init_seed(j.seed), 'status': status.get(j, 'not started'),
                       'dir': os.path.join(a.work, 'runs', info[j]['id']), 'steps': info[j]['steps'],
                       'estimate_s': round(info[j]['estimate_s']), 'files': info[j]['files'],
@@ -298,6 +494,10 @@ def main():
     with open(os.path.join(a.out, 'meta.json'), 'w') as f:
         json.dump(meta, f, indent=1, default=str)
     subprocess.run([sys.executable, os.path.join(HERE, 'report.py'), a.work, a.out], check=False)
+    if any(j.from_n for j in job_list):
+        subprocess.run([sys.executable, os.path.join(HERE, 'continued.py'), os.path.join(a.out, 'results.json'),
+                        '--md', os.path.join(a.out, 'continued.md'), '--png', os.path.join(a.out, 'continued.png')],
+                       check=False)
     return 1 if len(done) < len(job_list) else 0
 
 

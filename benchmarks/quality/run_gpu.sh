@@ -8,7 +8,9 @@
 # env: QUAL_BUDGET (seconds for the whole run, default 530), QUAL_RESERVE (of it, kept for eval, report and bundling;
 #      110), QUAL_ARGS (extra run.py flags), QUAL_WORK, SWIFT_PLT_GPU_ENV (optional script sourced first: the machine's
 #      environment), QUAL_TRACEBACK_EVERY (seconds: every Python process dumps its threads' stacks to runs/tb/PID.txt
-#      that often, to find a hang; it can crash the process it dumps, so never in runs whose figures are reported).
+#      that often, to find a hang; it can crash the process it dumps, so never in runs whose figures are reported),
+#      QUAL_EXPORT_STARTS=1 (continued pretraining: the start models this call trains -> $OUT/starts.tar, for
+#      --start_models of a later call). A call with --continue_from also leaves continued.md and continued.png.
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
@@ -34,15 +36,17 @@ file=open(os.path.join('$W/runs/tb', '%d.txt' % os.getpid()), 'w'))" \
       >"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_qual_traceback.pth"
   fi
   # training + exports get what is left after set-up, minus ~80 s for eval, report and bundling
+  EXPORT_STARTS=()
+  if [ -n "${QUAL_EXPORT_STARTS:-}" ]; then EXPORT_STARTS=(--export_starts "$W/report/starts.tar"); fi
   python3 benchmarks/quality/run.py --kit "$QKIT" --work "$W" --out "$W/report" \
-    --deadline $((BUDGET - (SECONDS - T0) - ${QUAL_RESERVE:-110})) ${QUAL_ARGS:-}
+    --deadline $((BUDGET - (SECONDS - T0) - ${QUAL_RESERVE:-110})) "${EXPORT_STARTS[@]}" ${QUAL_ARGS:-}
   echo "run.py rc=$? t=$((SECONDS - T0))s"
   python3 benchmarks/quality/regime.py "$W/report/results.json" --png "$W/report/regime.png" \
     --md "$W/report/regime.md" >/dev/null 2>&1 || echo "regime.py: no (b) run with a result in this call"
 } 2>&1 | tee "$OUT/run.log"
 # raw logs, without checkpoints, models or training data
 cp "$W/report/results.md" "$W/report/results.json" "$W/report/quality.png" "$W/report/regime.md" \
-  "$W/report/regime.png" "$OUT/" 2>/dev/null
+  "$W/report/regime.png" "$W/report/continued.md" "$W/report/continued.png" "$W/report/starts.tar" "$OUT/" 2>/dev/null
 (cd "$W" && find runs report setup.log data -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \
   -o -name '*.txt' -o -name '*.png' -o -name '*.md' \) -not -path '*/checkpoint-*' -not -path '*/hf*/*' \
   -not \( -path 'data/*' -not -name 'data_stats*' \) -print0 \

@@ -50,6 +50,7 @@ def test_quality_run_names_give_k_and_lambda_and_refuse_the_rest():
     assert v.parse_run('b_k2') == ('b', 2, Fraction(2, 3))
     assert v.parse_run('c_l34') == ('c', 4, Fraction(3, 4))
     assert v.parse_run('b_k8_l12') == ('b', 8, Fraction(1, 2))
+    assert v.parse_run('b_k2_l13') == ('b', 2, Fraction(1, 3))  # (b′) of the continued-pretraining study
     assert v.run_label('b_k2') == '(b) PLT K=2 λ=2/3, N' and v.run_label('c') == '(c) PLT K=4 λ=2/3, 2N'
     for bad in ('d', 'a_k2', 'b_k1', 'b_l11', 'b_l32', 'b_l12_k2', 'b_k', 'bk2', 'B'):
         with pytest.raises(ValueError, match='run'):
