@@ -17,7 +17,9 @@
 #      DENSE (qwen3-1.7b; or qwen2.5-1.5b; empty: skip), MOE (qwen3-30b-a3b-cut; empty: skip), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8),
 #      BUDGET (290 s from the start; the launcher gives no turn with less than TURN_SECS (40) left and kills
 #      everything at BUDGET - 10 s), LOOKAHEAD (3), OUT (/tmp/plt_tput_families_out), TPUT_WORK
-#      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), SWIFT_PLT_GPU_ENV (sourced first).
+#      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), SWIFT_PLT_GPU_ENV (sourced first),
+#      RUNS (run names, default LABEL_stock LABEL_plt4 per model; LABEL_plt1 adds the plugin at K=1), PROFILE_STEP
+#      (n: step n of the first round's runs under torch.profiler; the summary prints K=4 against plt1, else stock).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
@@ -66,6 +68,7 @@ ELAPSED=$(python3 -c "import time; print(time.time() - $T0)")
 echo "TPUT setup done after ${ELAPSED%.*} s"
 python3 benchmarks/throughput/tput_launch.py --work "$W" "${FAMILY_ARGS[@]}" --template default --data-k1 "$W/text.jsonl" --data-k4 "$W/text.jsonl" \
   --rounds "$ROUNDS" --rounds-m8 0 --mbs "$MBS" --gbs "$GBS" --iters "$ITERS" --lookahead "$LOOKAHEAD" \
+  --profile-step "${PROFILE_STEP:-0}" ${RUNS:+--names "$RUNS"} \
   --turn-secs "$TURN_SECS" --run-timeout 150 --deadline "$(python3 -c "print($T0 + $BUDGET - 10)")" \
   --extra-args="${EXTRA_ARGS:-}" ${MEGATRON:+--megatron "$MEGATRON"}
 python3 benchmarks/throughput/families_summary.py "$W" --warm "$WARM" --json "$OUT/families_throughput.json"

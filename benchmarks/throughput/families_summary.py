@@ -18,7 +18,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput_summary import load, run_figures  # noqa: E402
+from throughput_summary import load, print_profile, profile_diff, run_figures  # noqa: E402
 
 KINDS = ('stock', 'plt1', 'plt4')
 
@@ -110,6 +110,10 @@ def main(argv=None):
     s = summarize(a.work, a.warm)
     for line in lines(s):
         print(line)
+    for label, d in s.items():  # PROFILE_STEP: the K=4 step against plt1's (if run) or stock's
+        d['profile'] = profile_diff(os.path.join(a.work, 'probes'), k4=f'{label}_plt4',
+                                    k1=f'{label}_plt1' if 'plt1' in d['runs'] else f'{label}_stock')
+        print_profile(d['profile'], f' {label}')
     if not s:
         print(f'TPUT no timed family runs under {a.work}/probes')
     if a.json:

@@ -115,3 +115,22 @@ def test_families_summary_fails_without_pairs(tmp_path, capsys):
     write_run(work, 'moe_stock_r1', 'moe_stock', 1, 1.0, [1.0] * 7)
     assert families_summary.main([str(work)]) == 1
     assert families_summary.split_name('moe_plt4') == ('moe', 'plt4') and families_summary.split_name('x') is None
+
+
+def test_families_summary_profiles_k4_against_stock_or_plt1(tmp_path, capsys):
+    """PROFILE_STEP: each family's profiled K=4 step against its plt1 step if that ran, else its stock step."""
+    work = tmp_path / 'w'
+    sp = [1.0] * 7
+    for key, name, k in (('moe_stock_r1', 'moe_stock', 1), ('moe_plt4_r1', 'moe_plt4', 4),
+                         ('dense_stock_r1', 'dense_stock', 1), ('dense_plt1_r1', 'dense_plt1', 1),
+                         ('dense_plt4_r1', 'dense_plt4', 4)):
+        write_run(work, key, name, k, 1.0, sp)
+    prof = {'moe_stock': 5.0, 'moe_plt4': 7.0, 'dense_stock': 1.0, 'dense_plt1': 2.0, 'dense_plt4': 2.5}
+    for name, ms in prof.items():
+        rows = [{'name': 'router', 'self_device_us': ms * 1e3, 'self_cpu_us': 10.0, 'count': 4}]
+        (work / 'probes' / f'{name}_r1.jsonl.prof.json').write_text(json.dumps({'rows': rows}))
+    families_summary.main([str(work), '--warm', '3', '--json', str(tmp_path / 'f.json')])
+    s = json.load(open(tmp_path / 'f.json'))
+    assert s['moe']['profile']['self_device_us']['top'][0]['diff_ms'] == pytest.approx(2.0)  # against stock
+    assert s['dense']['profile']['self_device_us']['top'][0]['diff_ms'] == pytest.approx(0.5)  # against plt1
+    assert 'TPUT profile moe self_device_us: K=4 step total 7.0 ms' in capsys.readouterr().out

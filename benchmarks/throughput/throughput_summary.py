@@ -116,6 +116,15 @@ def ratios_by_mbs(figs):
     return out
 
 
+def print_profile(prof, label=''):
+    for field, d in (prof or {}).items():
+        print(f'TPUT profile{label} {field}: K=4 step total {d["total_k4_ms"]:.1f} ms, K=1 step total '
+              f'{d["total_k1_ms"]:.1f} ms; top differences (K4 - K1):')
+        for t in d['top']:
+            print(f'  {t["diff_ms"]:+9.2f} ms  K4 {t["k4_ms"]:8.2f} ({t["k4_count"]}x)  K1 {t["k1_ms"]:8.2f} '
+                  f'({t["k1_count"]}x)  {t["name"]}')
+
+
 def best_setting_ratios(figs):
     """Per round, each base name's fastest run over the micro-batch sizes it ran at (``plt4@16`` and ``plt4@8`` ...):
     {'plt4/stock': [...], 'stock2/stock': [...]} of tokens/s, with the MBS each ratio used. None when every name
@@ -135,7 +144,9 @@ def best_setting_ratios(figs):
     return out
 
 
-def profile_diff(probe_dir, top=12):
+def profile_diff(probe_dir, top=12, k4='plt4', k1='plt1'):
+    """The profiled step of run ``k4`` against run ``k1`` (torch.profiler key_averages): totals and the top
+    differences of self device and CPU time; None unless both were profiled."""
     def rows_of(name):
         fs = sorted(glob.glob(os.path.join(probe_dir, f'{name}_r*.jsonl.prof.json')) +
                     glob.glob(os.path.join(probe_dir, f'{name}_mb*_r*.jsonl.prof.json')))  # name@MBS runs
@@ -143,7 +154,7 @@ def profile_diff(probe_dir, top=12):
             return None
         return {r['name']: r for r in json.load(open(fs[0]))['rows']}
 
-    a, b = rows_of('plt4'), rows_of('plt1')
+    a, b = rows_of(k4), rows_of(k1)
     if a is None or b is None:
         return None
     out = {}
@@ -227,13 +238,7 @@ def main(argv=None):
               f'train cpus {launch["train_cpus"]}, start cpus {launch["start_cpus"]}, dataset_num_proc '
               f'{launch["dataset_num_proc"]}; ' + '; '.join(f'{k}: {" ".join(v)}' for k, v in states.items()))
     prof = profile_diff(a.probe_dir)
-    if prof:
-        for field, d in prof.items():
-            print(f'TPUT profile {field}: K=4 step total {d["total_k4_ms"]:.1f} ms, K=1 step total '
-                  f'{d["total_k1_ms"]:.1f} ms; top differences (K4 - K1):')
-            for t in d['top']:
-                print(f'  {t["diff_ms"]:+9.2f} ms  K4 {t["k4_ms"]:8.2f} ({t["k4_count"]}x)  K1 {t["k1_ms"]:8.2f} '
-                      f'({t["k1_count"]}x)  {t["name"]}')
+    print_profile(prof)
     if a.json:
         with open(a.json, 'w') as f:
             json.dump({'runs': {f'{n}_r{r}': v for (n, r), v in figs.items()}, 'ratios': summary,
