@@ -22,7 +22,7 @@
 # Last line "TWO_NODES: OK|FAIL (n/m)". env: OUT, PLT_WORK (scratch dir), BUDGET (480 s; dry run 3600), RUN_S (the
 # most one recipe run may take: 400 s; dry run 2400), S1, S2, SAVE (steps, default 16, 16, 8; dry run 4, 4, 2),
 # MIN_SAME (5), LOSS_TOL (1e-3), WEIGHT_TOL (1e-3), WEIGHT_TOL_SPLIT (3e-2), EXTRA_PT_ARGS (appended to the recipe
-# command: `megatron pt` flags of both stages), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh; with NGPU=2, ~25 min
+# command: `megatron pt` flags of both stages), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh; with NGPU=2, ~5 min
 # on 2 CPU cores).
 set -o pipefail
 # shellcheck disable=SC1091
