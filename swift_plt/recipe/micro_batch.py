@@ -24,7 +24,7 @@ Memory estimate per GPU = static + micro-batch size x activations per sequence.
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from swift_plt.recipe.process import flag_value
+from swift_plt.recipe.process import flag_bool, flag_int, flag_value
 
 STAGE1_MICRO_BATCH = ('auto', 'keep')  # the first is the default
 SAFETY = 0.9  # of the GPU's total memory: the CUDA context, the allocator's cache and what the estimate leaves out
@@ -126,19 +126,6 @@ NONE = Recompute()
 FULL = Recompute('full', 'uniform', 1, True)
 
 
-def _int(argv, name, default=1) -> int:
-    value = flag_value(argv, name)
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        raise ValueError(f'--{name} {value!r} must be an integer.') from None
-
-
-def _bool(argv, name, default: bool) -> bool:
-    value = flag_value(argv, name)
-    return default if value is None else value.lower() in ('true', '1', 'yes')
-
-
 @dataclass(frozen=True)
 class Layout:
     """The flags of a `megatron pt` command line the estimate depends on, with ms-swift's defaults."""
@@ -159,11 +146,11 @@ class Layout:
         recompute = Recompute('selective')  # ms-swift's default
         if granularity is not None:
             recompute = Recompute(None if granularity == 'none' else granularity, flag_value(argv, 'recompute_method'),
-                                  _int(argv, 'recompute_num_layers', None), True)
-        return cls(tp=_int(argv, 'tensor_model_parallel_size'), pp=_int(argv, 'pipeline_model_parallel_size'),
-                   cp=_int(argv, 'context_parallel_size'), ep=_int(argv, 'expert_model_parallel_size'),
-                   sequence_parallel=_bool(argv, 'sequence_parallel', False),
-                   distributed_optimizer=_bool(argv, 'use_distributed_optimizer', True),
+                                  flag_int(argv, 'recompute_num_layers', None), True)
+        return cls(tp=flag_int(argv, 'tensor_model_parallel_size'), pp=flag_int(argv, 'pipeline_model_parallel_size'),
+                   cp=flag_int(argv, 'context_parallel_size'), ep=flag_int(argv, 'expert_model_parallel_size'),
+                   sequence_parallel=flag_bool(argv, 'sequence_parallel', False),
+                   distributed_optimizer=flag_bool(argv, 'use_distributed_optimizer', True),
                    dtype_bytes=4 if str(dtype) in ('float32', 'fp32') else 2,
                    flash=(flag_value(argv, 'attention_backend') or 'flash') not in ('unfused', 'local'),
                    recompute=recompute)

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Sequence
 
 from swift_plt.recipe.micro_batch import STAGE1_MICRO_BATCH, fitting_micro_batch
 from swift_plt.recipe.plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, STAGE1_BATCH, TwoStagePlan
-from swift_plt.recipe.process import flag_value, model_parallel_size
+from swift_plt.recipe.process import flag_int, flag_value, model_parallel_size
 
 # Set by the recipe for each stage; a user value would contradict the plan or the hand-over.
 RESERVED = ('train_iters', 'num_train_epochs', 'max_epochs', 'max_length', 'packing_length', 'seq_length',
@@ -63,11 +63,10 @@ def check_passthrough(argv: Sequence[str], where: str, shared: bool = False) -> 
 
 def micro_batch_size(argv: Sequence[str]) -> int:
     """The stage's --micro_batch_size (ms-swift's default 1); RecipeError unless an integer."""
-    value = flag_value(argv, 'micro_batch_size')
     try:
-        return 1 if value is None else int(value)
-    except ValueError:
-        raise RecipeError(f'--micro_batch_size {value!r} must be an integer.') from None
+        return flag_int(argv, 'micro_batch_size')
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
 
 
 def check_micro_batch(opts: Options, plan: TwoStagePlan) -> None:

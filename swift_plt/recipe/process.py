@@ -54,17 +54,31 @@ def flag_value(argv: Sequence[str], name: str) -> Optional[str]:
     return value
 
 
+def flag_int(argv: Sequence[str], name: str, default: Optional[int] = 1) -> Optional[int]:
+    """``flag_value`` as an integer (``default`` when absent); ValueError naming the flag otherwise."""
+    value = flag_value(argv, name)
+    try:
+        return default if value is None else int(value)
+    except ValueError:
+        raise ValueError(f'--{name} {value!r} must be an integer.') from None
+
+
+def flag_bool(argv: Sequence[str], name: str, default: bool = False) -> bool:
+    """``flag_value`` as ms-swift reads a bool flag (true/1/yes), ``default`` when absent."""
+    value = flag_value(argv, name)
+    return default if value is None else value.lower() in ('true', '1', 'yes')
+
+
 def model_parallel_size(argv: Sequence[str]) -> int:
     """TP·PP·CP of a `megatron` command line (ms-swift's defaults are 1): its process count must be a multiple."""
     size = 1
     for name in MODEL_PARALLEL_FLAGS:
-        value = flag_value(argv, name)
         try:
-            n = int(value) if value is not None else 1
+            n = flag_int(argv, name)
         except ValueError:
             n = 0
         if n < 1:
-            raise ValueError(f'--{name} {value!r} must be a positive integer.')
+            raise ValueError(f'--{name} {flag_value(argv, name)!r} must be a positive integer.')
         size *= n
     return size
 

@@ -8,16 +8,11 @@ from typing import List, Optional, Sequence, Tuple
 from swift_plt.data.report import REPORT_FILE, estimate_loss_tokens, read_reports
 from swift_plt.recipe.options import Options
 from swift_plt.recipe.plan import TwoStagePlan
-from swift_plt.recipe.process import flag_value
+from swift_plt.recipe.process import flag_bool
 from swift_plt.recipe.stages import STAGE_DIRS
 
 
 # ---------------------------------------------------------------------------------------------- PLT data report
-def _packing(argv: Sequence[str]) -> bool:
-    """Whether `--packing true` is among the pass-through flags (the last value wins, as in ms-swift)."""
-    return str(flag_value(argv, 'packing')).lower() in ('true', '1', 'yes')
-
-
 def loss_token_lines(report: dict, plan: TwoStagePlan, opts: Options) -> List[str]:
     """How many loss tokens each stage will see, from stage 1's PLT data report (its train set)."""
     frac = report.get('effective_fraction')
@@ -26,7 +21,7 @@ def loss_token_lines(report: dict, plan: TwoStagePlan, opts: Options) -> List[st
              f'{report["loss_tokens"]:,} tokens carry a loss vs {report["loss_tokens_k1"]:,} at K=1 '
              f'({"n/a" if frac is None else f"{frac:.1%}"}), {report["documents_without_loss"]:,} documents none']
     for i, s, argv in ((1, plan.stage1, opts.stage1_args), (2, plan.stage2, opts.stage2_args)):
-        packing = _packing(list(opts.args) + list(argv))
+        packing = flag_bool(list(opts.args) + list(argv), 'packing')
         sequences = s.train_iters * s.global_batch_size
         n = estimate_loss_tokens(report, s.patch_size, sequences, s.seq_length, packing)
         how = (f'{sequences:,} packed rows x {s.seq_length} x loss tokens per encoded token, at most' if packing else

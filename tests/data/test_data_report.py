@@ -381,9 +381,11 @@ def test_estimate_loss_tokens_by_hand():
 def test_two_stage_reads_packing_and_publishes_report(tmp_path, capsys):
     from swift_plt.recipe.plan import make_plan
     from swift_plt.recipe.options import Options
-    from swift_plt.recipe.stage_report import _packing, publish_data_report
-    assert _packing(['--packing', 'true']) and _packing(['--packing=True']) and not _packing(['--packing', 'false'])
-    assert not _packing(['--packing', 'true', '--packing', 'false']) and not _packing([])
+    from swift_plt.recipe.process import flag_bool
+    from swift_plt.recipe.stage_report import publish_data_report
+    packing = lambda argv: flag_bool(argv, 'packing')  # noqa: E731
+    assert packing(['--packing', 'true']) and packing(['--packing=True']) and not packing(['--packing', 'false'])
+    assert not packing(['--packing', 'true', '--packing', 'false']) and not packing([])
     plan = make_plan('3840', 4, '0.8', seq_length=64, global_batch_size=4)  # 3 + 3 steps of 4 sequences
     opts = Options(model='m', output_dir=str(tmp_path), tokens='3840', max_length=64, global_batch_size=4)
     publish_data_report(str(tmp_path), plan, opts)
