@@ -9,13 +9,16 @@ a table of
     start   (a) on N_A tokens of A (the start model; compute column: N_A / N_B)
     (a)     token-level on N_B tokens of B, from the start model                         (compute 1.0)
     (a½)    token-level on the first N_B/2 tokens of B                                   (compute 0.5)
+    token-level on other N of B from the same start (points of the token-level curve)   (compute N / N_B)
     (b)     two-stage PLT on N_B tokens of B, K=4, λ=2/3, stage 1 from the start model   (compute ~0.5)
     (b′)    other two-stage variants on N_B (e.g. b_k2_l13: K=2, λ=1/3, compute ~0.83)
     (c)     two-stage PLT on 2 N_B tokens of B                                           (compute ~1.0)
 with columns: compute vs (a) (training FLOPs of the continuation / those of (a); report.py's count), held-out B and
 held-out A (mean over seeds; the seeds' values in brackets), ΔB vs (a) and vs (a½) (loss_B(run) / loss_B(ref) - 1
 per seed, the same seed = the same start model and data order; mean, and the seeds' range in brackets: below 0 = the
-run is better on B) and ΔA vs start (loss_A(run) / loss_A(start) - 1 per seed: forgetting of A; above 0 = forgot).
+run is better on B), ΔA vs start (loss_A(run) / loss_A(start) - 1 per seed: forgetting of A; above 0 = forgot), and
+ΔB / ΔA against token-level training at the same compute (per seed, linear interpolation of that seed's token-level
+curve: the start at compute 0 and every token-level run on B; none outside the curve's range).
 A second table gives, per two-stage run, the end of stage 1 (the patch-level train loss) and the token-level train
 loss right after the switch (the first 5 logged steps of stage 2), beside (a)'s first logged losses on B (the start
 model's loss on B data). The plot: held-out B and held-out A against compute, per size (the start model at 0).
@@ -50,10 +53,11 @@ def load(paths):
             status = r.get('status') or 'not finished'
             if status != 'done':
                 continue
-            if r['job'] in seen:
-                repeats.append(f"{r['job']} (in {seen[r['job']]} and {path})")
+            if r['job'] in seen:  # a start model reused by a later call is scored again: noted only if it differs
+                if r.get('heldout') != seen[r['job']][1]:
+                    repeats.append(f"{r['job']} (in {seen[r['job']][0]} and {path})")
                 continue
-            seen[r['job']] = path
+            seen[r['job']] = (path, r.get('heldout'))
             out.append(dict(r, source=path))
     return out, repeats
 
@@ -67,9 +71,15 @@ def nominal_ratio(run):
     return r if base == 'b' else 2 * r
 
 
+def token_key(key):
+    """True for the keys of token-level rows: 'start', 'a', 'ah' and 'a@N' (token-level on another N of B)."""
+    return key in ('start', 'a', 'ah') or key.startswith('a@')
+
+
 def groups(rows):
-    """{(size, corpus, N_A, N_B): {'start': {seed: row}, run key: {seed: row}}}; run keys: 'a', 'ah' (a on N_B/2)
-    and the two-stage run names. N_B: the N of the two-stage runs of the same start (else of (a))."""
+    """{(size, corpus, N_A, N_B): {'start': {seed: row}, run key: {seed: row}}}; run keys: 'a', 'ah' (a on N_B/2),
+    'a@N' (a on another N) and the two-stage run names. N_B: the N of the two-stage runs of the same start (else of
+    (a))."""
     by_start = defaultdict(list)
     for r in rows:
         if r.get('from_n'):
@@ -85,6 +95,8 @@ def groups(rows):
                     g['a'][r['seed']] = r
                 elif r['run'] == 'a' and 2 * r['N'] == n:
                     g['ah'][r['seed']] = r
+                elif r['run'] == 'a':
+                    g[f"a@{r['N']}"][r['seed']] = r
                 elif r['run'] != 'a' and r['N'] == n:
                     g[r['run']][r['seed']] = r
                 if r['start'] in starts:
@@ -94,12 +106,14 @@ def groups(rows):
 
 
 def run_order(keys):
-    """start, a, ah, b, the other b variants, c, the other c variants."""
+    """start, a, ah, the other token-level runs by N, b, the other b variants, c, the other c variants."""
     def key(k):
         if k in ('start', 'a', 'ah'):
-            return (('start', 'a', 'ah').index(k), '')
+            return (('start', 'a', 'ah').index(k), 0, '')
+        if k.startswith('a@'):
+            return (3, int(k[2:]), '')
         base = parse_run(k)[0]
-        return (3 if base == 'b' else 5, '' if k == base else k)
+        return (4 if base == 'b' else 5, 0, '' if k == base else k)
     return sorted(keys, key=key)
 
 
@@ -119,22 +133,50 @@ def _rel(run_rows, ref_rows, corpus):
     return out
 
 
+def interpolate(points, x):
+    """The value at ``x`` of the piecewise linear curve through ``points`` ((x, y), any order); None outside."""
+    pts = sorted(points)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 - 1e-9 <= x <= x1 + 1e-9:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (min(max(x, x0), x1) - x0) / (x1 - x0)
+    return None
+
+
+def _compute(k, r, ref):
+    """Compute of row ``r`` relative to (a) ``ref`` of its seed: FLOPs, else steps (token-level), else the plan."""
+    if ref and r.get('flops') and ref.get('flops'):
+        return r['flops'] / ref['flops']
+    if ref and token_key(k):
+        return r['a_iters'] / ref['a_iters']
+    return None if token_key(k) else float(nominal_ratio(k))
+
+
+def _vs_token_level(g, rs, which):
+    """{seed: loss(run) / loss(token-level at the run's compute) - 1} on held-out ``which`` (per seed: the
+    start at compute 0 and every token-level continuation of that seed; seeds outside the curve left out)."""
+    a = g.get('a', {})
+    out = {}
+    for s, r in rs.items():
+        ref = a.get(s)
+        x, y = _compute('b', r, ref) if ref else None, (r.get('heldout') or {}).get(which)
+        curve = [(0.0, (g.get('start', {}).get(s, {}).get('heldout') or {}).get(which))]
+        curve += [(_compute(k, g[k][s], ref), (g[k][s].get('heldout') or {}).get(which))
+                  for k in g if k not in ('start',) and token_key(k) and s in g[k]]
+        curve = [(cx, cy) for cx, cy in curve if cx is not None and cy is not None]
+        t = interpolate(curve, x) if x is not None and y is not None and len(curve) > 1 else None
+        if t:
+            out[s] = y / t - 1
+    return out
+
+
 def table(g):
-    """Rows of one group's table: dicts key, label, compute, B / A {'mean', 'seeds'}, dB_a, dB_ah, dA_start
-    ({'mean', 'lo', 'hi', 'per_seed'} or None)."""
+    """Rows of one group's table: dicts key, label, compute, B / A {'mean', 'seeds'}, dB_a, dB_ah, dA_start, dB_eq,
+    dA_eq ({'mean', 'lo', 'hi', 'per_seed'} or None; _eq: against token-level at the same compute)."""
     a = g.get('a', {})
     out = []
     for k in run_order(g):
         rs = g[k]
-        comp = []
-        for s, r in rs.items():
-            ref = a.get(s) or next(iter(a.values()), None)
-            if ref and r.get('flops') and ref.get('flops'):
-                comp.append(r['flops'] / ref['flops'])
-            elif ref and k in ('start', 'a', 'ah'):
-                comp.append(r['a_iters'] / ref['a_iters'])
-            elif k not in ('start', 'a', 'ah'):
-                comp.append(float(nominal_ratio(k)))
+        comp = [_compute(k, r, a.get(s) or next(iter(a.values()), None)) for s, r in rs.items()]
 
         def summary(d):
             if not d:
@@ -149,6 +191,8 @@ def table(g):
         row['dB_a'] = summary(_rel(rs, a, 'B')) if k != 'a' else None
         row['dB_ah'] = summary(_rel(rs, g.get('ah', {}), 'B')) if k != 'ah' else None
         row['dA_start'] = summary(_rel(rs, g.get('start', {}), 'A')) if k != 'start' else None
+        row['dB_eq'] = None if token_key(k) else summary(_vs_token_level(g, rs, 'B'))
+        row['dA_eq'] = None if token_key(k) else summary(_vs_token_level(g, rs, 'A'))
         out.append(row)
     return out
 
@@ -162,6 +206,8 @@ def label(key, n_a, n_b, corpus):
         return f'(a) token-level, {tok(n_b)} of {corpus}'
     if key == 'ah':
         return f'(a½) token-level, {tok(n_b // 2)} of {corpus}'
+    if key.startswith('a@'):
+        return f'token-level, {tok(int(key[2:]))} of {corpus}'
     text = run_label(key).replace(', 2N', f', 2N = {tok(2 * n_b)} of {corpus}').replace(', N', f', {tok(n_b)} of '
                                                                                          f'{corpus}')
     return text if key in ('b', 'c') else text.replace('(b)', '(b′)').replace('(c)', '(c′)')
@@ -189,14 +235,16 @@ def markdown(gs, repeats=()):
         lines += [f'### {size}: start (a) on {n_a:,} tokens of A, continued on N_B = {n_b:,} tokens of {corpus} '
                   f"(seeds {', '.join(map(str, seeds))})", '',
                   f'| run | compute vs (a) | held-out {corpus} | held-out A | Δ{corpus} vs (a) | Δ{corpus} vs (a½) | '
-                  'ΔA vs start (forgetting) |', '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+                  f'ΔA vs start (forgetting) | Δ{corpus} vs token-level, same compute | ΔA vs token-level, same '
+                  'compute |', '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
         for r in t:
             lines.append(f"| {label(r['key'], n_a, n_b, corpus)} | "
                          f"{'—' if r['compute'] is None else format(r['compute'], '.2f')} | "
                          f"{_fmt_loss(r['B_mean'], r['B'])} | {_fmt_loss(r['A_mean'], r['A'])} | "
-                         f"{_fmt_rel(r['dB_a'])} | {_fmt_rel(r['dB_ah'])} | {_fmt_rel(r['dA_start'])} |")
+                         f"{_fmt_rel(r['dB_a'])} | {_fmt_rel(r['dB_ah'])} | {_fmt_rel(r['dA_start'])} | "
+                         f"{_fmt_rel(r['dB_eq'])} | {_fmt_rel(r['dA_eq'])} |")
         lines.append('')
-        switch = [(k, s, row) for k in run_order(g) if k not in ('start', 'a', 'ah') for s, row in sorted(g[k].items())]
+        switch = [(k, s, row) for k in run_order(g) if not token_key(k) for s, row in sorted(g[k].items())]
         if switch:
             lines += [f'Stage switch ({size}, N_B = {n_b:,}): train losses on {corpus} (iteration: loss).', '',
                       '| run | seed | end of stage 1 (patch-level loss) | first logged stage-2 losses (token level) |',
@@ -228,6 +276,8 @@ def plot(gs, png):
     keys = sorted(gs)
     fig, axes = plt.subplots(len(keys), 2, figsize=(12, 4.2 * len(keys)), squeeze=False)
     colors = {'start': 'black', 'a': 'tab:blue', 'ah': 'tab:cyan', 'b': 'tab:orange', 'c': 'tab:green'}
+    colors.update({k: 'tab:blue' for g in gs.values() for k in g if k.startswith('a@')})
+    others = ('tab:red', 'tab:purple', 'tab:brown', 'tab:pink', 'tab:olive', 'tab:gray')
     for i, (size, corpus, n_a, n_b) in enumerate(keys):
         t = table(gs[(size, corpus, n_a, n_b)])
         for j, which in enumerate(('B', 'A')):
@@ -235,7 +285,7 @@ def plot(gs, png):
             name = corpus if which == 'B' else 'A'
             line = []
             for k, r in enumerate(t):
-                c = colors.get(r['key'], f'C{(k + 3) % 10}')
+                c = colors.get(r['key']) or others[sum(1 for q in t[:k] if q['key'] not in colors) % len(others)]
                 x = 0.0 if r['key'] == 'start' else r['compute']
                 mean = r[f'{which}_mean']
                 if mean is None or x is None:
@@ -244,9 +294,9 @@ def plot(gs, png):
                     ax.axhline(mean, color='gray', ls=':', lw=1)
                 ax.plot([x] * len([v for v in r[which].values() if v is not None]),
                         [v for v in r[which].values() if v is not None], 'o', color=c, ms=4, alpha=0.5)
-                ax.plot([x], [mean], marker='*' if r['key'] not in ('start', 'a', 'ah') else 'D', ms=11, color=c,
+                ax.plot([x], [mean], marker='D' if token_key(r['key']) else '*', ms=11, color=c,
                         ls='', label=label(r['key'], n_a, n_b, corpus))
-                if r['key'] in ('start', 'ah', 'a'):
+                if token_key(r['key']):
                     line.append((x, mean))
             if len(line) > 1:
                 ax.plot(*zip(*sorted(line)), color='tab:blue', lw=1, alpha=0.6)
@@ -256,7 +306,7 @@ def plot(gs, png):
                          fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle('Continued pretraining on B from a token-level model of A: ◆ token-level (line: start → (a½) → (a)),'
+    fig.suptitle('Continued pretraining on B from a token-level model of A: ◆ token-level (line: start → ... → (a)),'
                  ' ★ two-stage PLT; small dots: seeds; dotted: the start model', fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

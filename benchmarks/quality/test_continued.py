@@ -257,6 +257,7 @@ def _fake_results(path):
             _row(f'XS_a_n2000000_s{s}_B_from20000000', 'a', 2 * M, s, 3.0 + d, 5.5 + d, flops=1.0,
                  first=[[1, 6.9], [2, 6.5]]),
             _row(f'XS_a_n1000000_s{s}_B_from20000000', 'a', M, s, 3.3 + d, 5.3 + d, flops=0.5),
+            _row(f'XS_a_n500000_s{s}_B_from20000000', 'a', M // 2, s, 3.8 + d, 5.0 + d, flops=0.25),
             _row(f'XS_b_n2000000_s{s}_B_from20000000', 'b', 2 * M, s, 3.15 + d, 5.2 + d, flops=0.5,
                  stage2=[[1, 4.1], [2, 3.9]], end1=3.5),
             _row(f'XS_b_k2_l13_n2000000_s{s}_B_from20000000', 'b_k2_l13', 2 * M, s, 3.06 + d, 5.4 + d, flops=0.8333),
@@ -270,12 +271,26 @@ def _fake_results(path):
 def test_continued_table_against_a_hand_computation(tmp_path):
     cont = _load('quality_continued', 'continued.py')
     f = _fake_results(tmp_path / 'results.json')
-    rows, repeats = cont.load([f, str(tmp_path)])  # the same file twice: every job a repeat, the first counts
-    assert len(rows) == 12 and len(repeats) == 12
+    d = json.loads(open(f).read())
+    d['rows'][0]['heldout']['A'] = 4.9  # scored again in a later call with another value: noted
+    (tmp_path / 'again').mkdir()
+    (tmp_path / 'again' / 'results.json').write_text(json.dumps(d))
+    rows, repeats = cont.load([f, str(tmp_path / 'again')])  # every job twice, the first counts; equal: silent
+    assert len(rows) == 14 and repeats == [f"XS_a_n20000000_s42 (in {f} and {tmp_path / 'again' / 'results.json'})"]
     gs = cont.groups(rows)
     assert list(gs) == [('XS', 'B', 20_000_000, 2_000_000)]
     t = {r['key']: r for r in cont.table(gs[('XS', 'B', 20_000_000, 2_000_000)])}
-    assert list(t) == ['start', 'a', 'ah', 'b', 'b_k2_l13', 'c']
+    assert list(t) == ['start', 'a', 'ah', 'a@500000', 'b', 'b_k2_l13', 'c']
+    # against token-level at the same compute, by hand (seed 42; the curve: start 0 -> 7.0, 0.25 -> 3.8, 0.5 -> 3.3,
+    # 1.0 -> 3.0 on B; 4.8, 5.0, 5.3, 5.5 on A): b at 0.5 = (a½); b_k2_l13 at 0.8333 between 0.5 and 1.0:
+    # B 3.3 - 0.3 * 0.6666 -> 3.06 / 3.1 - 1 (about); A 5.3 + 0.2 * 0.6666 -> 5.4 / 5.4333 - 1
+    assert t['b']['dB_eq']['per_seed'][42] == pytest.approx(3.15 / 3.3 - 1)
+    w = (0.8333 - 0.5) / 0.5  # its compute is 0.8333 (FLOPs), not 5/6
+    assert t['b_k2_l13']['dB_eq']['per_seed'][42] == pytest.approx(3.06 / (3.3 - 0.3 * w) - 1)
+    assert t['b_k2_l13']['dA_eq']['per_seed'][42] == pytest.approx(5.4 / (5.3 + 0.2 * w) - 1)
+    assert t['c']['dB_eq']['per_seed'] == pytest.approx({42: 2.97 / 3.0 - 1, 43: 3.07 / 3.1 - 1})
+    assert t['a@500000']['dB_eq'] is None and t['a@500000']['compute'] == 0.25
+    assert cont.interpolate([(0, 1.0), (1, 3.0)], 0.25) == 1.5 and cont.interpolate([(0, 1.0), (1, 3.0)], 1.5) is None
     assert t['start']['compute'] == 10.0 and t['ah']['compute'] == 0.5 and t['b_k2_l13']['compute'] == 0.8333
     assert t['c']['B_mean'] == pytest.approx(3.02) and t['c']['B'] == pytest.approx({42: 2.97, 43: 3.07})
     # by hand, seed 42: b 3.15 / a 3.0 - 1 = +5 %, / ah 3.3 - 1 = -4.545 %; A: 5.2 / 4.8 - 1 = +8.333 %
@@ -289,7 +304,9 @@ def test_continued_table_against_a_hand_computation(tmp_path):
     assert t['start']['dB_a']['mean'] == pytest.approx((7.0 / 3.0 + 7.1 / 3.1) / 2 - 1)
     md = cont.markdown(gs, repeats)
     assert '| (b) PLT K=4 λ=2/3, 2 M of B | 0.50 | 3.2000 (3.1500, 3.2500) | 5.2500 (5.2000, 5.3000) | ' \
-           '+4.92% (+4.84% .. +5.00%) | -4.48% (-4.55% .. -4.41%) | +8.25% (+8.16% .. +8.33%) |' in md
+           '+4.92% (+4.84% .. +5.00%) | -4.48% (-4.55% .. -4.41%) | +8.25% (+8.16% .. +8.33%) | ' \
+           '-4.48% (-4.55% .. -4.41%) | -1.87% (-1.89% .. -1.85%) |' in md  # A: 5.2 / 5.3 - 1, 5.3 / 5.4 - 1
+    assert '| token-level, 500,000 of B | 0.25 |' in md
     assert '| start: (a) on 20 M of A | 10.00 |' in md and '| (b′) PLT K=2 λ=1/3, 2 M of B | 0.83 |' in md
     assert '| (c) PLT K=4 λ=2/3, 2N = 4 M of B | 1.00 |' in md and '| (a½) token-level, 1 M of B | 0.50 |' in md
     assert '| (b) PLT K=4 λ=2/3, 2 M of B | 42 | 3.5000 | 1: 4.1000, 2: 3.9000 |' in md
