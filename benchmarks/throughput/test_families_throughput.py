@@ -134,3 +134,13 @@ def test_families_summary_profiles_k4_against_stock_or_plt1(tmp_path, capsys):
     assert s['moe']['profile']['self_device_us']['top'][0]['diff_ms'] == pytest.approx(2.0)  # against stock
     assert s['dense']['profile']['self_device_us']['top'][0]['diff_ms'] == pytest.approx(0.5)  # against plt1
     assert 'TPUT profile moe self_device_us: K=4 step total 7.0 ms' in capsys.readouterr().out
+    # a real profile lists each op and, again, the kernels it launched (no CPU time): the GPU total counts them once
+    for name, ms in prof.items():
+        rows = [{'name': 'aten::mm', 'self_device_us': ms * 1e3, 'self_cpu_us': 10.0, 'count': 4},
+                {'name': 'gemm_kernel', 'self_device_us': ms * 1e3, 'self_cpu_us': 0.0, 'count': 4},
+                {'name': 'cudaLaunchKernel', 'self_device_us': 0.0, 'self_cpu_us': 3.0, 'count': 4}]
+        (work / 'probes' / f'{name}_r1.jsonl.prof.json').write_text(json.dumps({'rows': rows}))
+    families_summary.main([str(work), '--warm', '3', '--json', str(tmp_path / 'f.json')])
+    d = json.load(open(tmp_path / 'f.json'))['moe']['profile']
+    assert (d['self_device_us']['total_k4_ms'], d['self_device_us']['total_k1_ms']) == pytest.approx((7.0, 5.0))
+    assert d['self_cpu_us']['total_k4_ms'] == pytest.approx(0.013)

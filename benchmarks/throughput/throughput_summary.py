@@ -144,6 +144,16 @@ def best_setting_ratios(figs):
     return out
 
 
+def _step_total(rows, field):
+    """A profiled step's total of ``field`` in ms; device time over the kernel rows (no CPU time of their own)
+    where there are any: an op's self device time repeats that of the kernels it launched."""
+    if field == 'self_device_us':
+        kernels = [r[field] for r in rows.values() if not r.get('self_cpu_us') and r.get(field)]
+        if kernels:
+            return sum(kernels) / 1e3
+    return sum(r.get(field, 0) for r in rows.values()) / 1e3
+
+
 def profile_diff(probe_dir, top=12, k4='plt4', k1='plt1'):
     """The profiled step of run ``k4`` against run ``k1`` (torch.profiler key_averages): totals and the top
     differences of self device and CPU time; None unless both were profiled."""
@@ -165,8 +175,8 @@ def profile_diff(probe_dir, top=12, k4='plt4', k1='plt1'):
             diffs.append((va - vb, name, va, vb, (a.get(name) or {}).get('count', 0), (b.get(name) or {}).get('count', 0)))
         diffs.sort(key=lambda x: -abs(x[0]))
         out[field] = {
-            'total_k4_ms': sum(r.get(field, 0) for r in a.values()) / 1e3,
-            'total_k1_ms': sum(r.get(field, 0) for r in b.values()) / 1e3,
+            'total_k4_ms': _step_total(a, field),
+            'total_k1_ms': _step_total(b, field),
             'top': [dict(name=n[:90], diff_ms=d / 1e3, k4_ms=va / 1e3, k1_ms=vb / 1e3, k4_count=ca, k1_count=cb)
                     for d, n, va, vb, ca, cb in diffs[:top]],
         }
