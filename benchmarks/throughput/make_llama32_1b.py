@@ -4,6 +4,8 @@ bf16 safetensors, plus the tokenizer files of TOKENIZER_DIR (the Llama-3 tokeniz
 meta-llama/Llama-3.2-1B; its licence forbids committing it).
 
     python3 benchmarks/throughput/make_llama32_1b.py OUT_DIR TOKENIZER_DIR      (CPU is enough: ~1.2 B params, 2.5 GB)
+        [--hidden_size H --num_hidden_layers L --num_attention_heads A --num_key_value_heads G --intermediate_size F]
+    (the options: another size of the same architecture, recipe_sizes.sh)
 
 config.json and the tokenizer files are written first, the weights last (saved to OUT_DIR.weights_tmp, then renamed into OUT_DIR):
 a `megatron pt` run can start up (it reads only the config and the tokenizer before building the model) while the
@@ -15,9 +17,19 @@ import os
 import shutil
 import sys
 
-out, tok = sys.argv[1:3]
+import argparse  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument('out')
+ap.add_argument('tokenizer')
+for k in ('hidden_size', 'num_hidden_layers', 'num_attention_heads', 'num_key_value_heads', 'intermediate_size'):
+    ap.add_argument(f'--{k}', type=int, help='another size of the same architecture (head_dim stays 64)')
+a = ap.parse_args()
+out, tok = a.out, a.tokenizer
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'tests', 'gpu'))
-from make_family_configs import LLAMA32_1B as cfg  # noqa: E402  (meta-llama/Llama-3.2-1B config.json)
+from make_family_configs import LLAMA32_1B  # noqa: E402  (meta-llama/Llama-3.2-1B config.json)
+
+cfg = dict(LLAMA32_1B, **{k: v for k, v in vars(a).items() if k not in ('out', 'tokenizer') and v is not None})
 
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, 'config.json'), 'w') as f:  # the original file, as users download it

@@ -7,8 +7,8 @@ from fractions import Fraction
 import pytest
 
 from swift_plt.recipe.plan import make_plan
-from swift_plt.recipe.stage_report import (format_report, record_wall_time, stage_report, train_loop_seconds,
-                                          write_report)
+from swift_plt.recipe.stage_report import (format_report, record_wall_time, stage_report, steady_step_seconds,
+                                          train_loop_seconds, write_report)
 
 
 def _write_logs(path, entries):
@@ -38,6 +38,9 @@ def test_train_loop_seconds_single_and_resumed():
     inv = [{'log_line': 0, 'start_iteration': 0}, {'log_line': 3, 'start_iteration': 6}]
     assert train_loop_seconds(_lines(first + resumed), inv) == (pytest.approx(6 * 0.5 + 4 * 0.25), 10)
     assert train_loop_seconds(_lines([{'loss': 1.0, 'iteration': '1/2'}])) is None
+    assert steady_step_seconds(_lines(_entries(10, 10, 0.5, step=5))) == pytest.approx(0.5)
+    assert steady_step_seconds(_lines(first + resumed), inv) == pytest.approx(0.5)  # the first invocation's steps
+    assert steady_step_seconds(_lines(_entries(1, 10, 0.5))) is None
 
 
 def test_stage_report_tokens_and_rates(tmp_path):
@@ -133,3 +136,21 @@ def test_each_stage_and_the_recipe_against_token_level(tmp_path):
     assert ('(est. 3.8 s of training, 13.8 s wall with one start-up): training 0.60x, wall 1.62x' in text)
     write_report(out, plan)
     assert json.load(open(os.path.join(out, 'summary.json')))[1]['overhead_seconds'] == pytest.approx(10.0)
+
+
+def test_token_level_estimate_pays_stage_2s_first_step_once(tmp_path):
+    """Stage 2's first step compiles (8-30 s at K=1 on an H100): a token-level run pays it once, so stage 1's tokens
+    are estimated at stage 2's rate after that step, not at its mean rate."""
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4, stage1_batch='sequences')
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))  # 3,072 tokens in 1.5 s
+    # stage 2: ms-swift's train_speed is the mean since the start: 2.0 s for step 1, then 0.25 s a step
+    _write_logs(os.path.join(out, 'stage2_token'), [{'loss': 5.0, 'iteration': f'{i}/3', 'train_speed(s/it)':
+                                                     (2.0 + 0.25 * (i - 1)) / i} for i in (1, 2, 3)])
+    record_wall_time(os.path.join(out, 'logs'), 'stage1', 11.5, 0)
+    record_wall_time(os.path.join(out, 'logs'), 'stage2', 12.5, 0)
+    r1, r2 = stage_report(out, plan)
+    assert r2['train_seconds'] == pytest.approx(2.5) and r2['steady_tokens_per_s'] == pytest.approx(256 / 0.25)
+    # stage 1: 3,072 tokens at 1,024 tokens/s (its mean rate, 307 tokens/s, would say 10 s); stage 2: itself
+    assert (r1['token_level_seconds'], r2['token_level_seconds']) == (pytest.approx(3.0), pytest.approx(2.5))
+    assert 'training 0.73x' in format_report([r1, r2], plan)  # (1.5 + 2.5) / (3.0 + 2.5)
