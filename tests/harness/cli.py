@@ -31,6 +31,11 @@ CPU_MEGATRON_ARGS: List[str] = [
     '--split_dataset_ratio', '0',
 ]  # yapf: disable
 
+# Flags of a `swift pt` / `swift sft` run (ms-swift's HF backend) here: no hub access. Its trainer asks the ModelScope
+# hub whether the local model is the latest (--check_model, default true); offline that is ~30 s of connection
+# timeouts and retries per run (seen here), and it checks nothing the tests look at.
+CPU_SWIFT_ARGS: List[str] = ['--check_model', 'false']
+
 
 # The stock console scripts the tests run (ms-swift's), which must run under this interpreter.
 CONSOLE_SCRIPTS = ('swift', 'megatron')

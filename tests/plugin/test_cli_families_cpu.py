@@ -1,13 +1,15 @@
-"""The stock CLIs with a family's own model type plus ``--patch_size`` on CPU (tests/harness): `megatron pt` builds
-``PLTGPTModel`` and trains at K=4, K=1 is ms-swift without the plugin bit for bit, `swift pt` trains the family's
-PLT class and saves the plain family model; refusals come before step 1."""
+"""The stock CLIs with a family's own model type plus ``--patch_size`` on CPU (tests/harness): K=1 is ms-swift
+without the plugin bit for bit (`megatron pt`), `swift pt` trains the family's PLT class and saves the plain family
+model. `megatron pt --model_type <family> --patch_size 4` builds ``PLTGPTModel`` and trains at K=4: stage 1 of
+tests/recipe/test_two_stage_families.py (the recipe runs that command, qwen3 and qwen3_moe); the refusal before step 1
+of a bad --max_length: tests/plugin/test_cli_cpu.py (the argument check does not depend on the model type)."""
 import json
 import math
 import os
 
 import pytest
 
-from harness.cli import CPU_MEGATRON_ARGS, hf_train_logs, parse_logs, run_cli
+from harness.cli import CPU_MEGATRON_ARGS, CPU_SWIFT_ARGS, hf_train_logs, parse_logs, run_cli
 from harness.tiny import make_jsonl
 from swift_plt.tools.tiny_families import make_tiny_family
 
@@ -40,16 +42,6 @@ def megatron_pt(model, family, data, out_dir, *extra, env=None):
                     *CPU_MEGATRON_ARGS, *extra], env_extra=env, timeout=900)
 
 
-@pytest.mark.parametrize('family', ['qwen3', 'qwen3_moe'])
-def test_megatron_pt_family_patch_size_4_trains_plt_model(family, models, tmp_path_factory, data, tmp_path):
-    proc = megatron_pt(model_dir(models, tmp_path_factory, family), family, data, tmp_path, '--patch_size', '4')
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    assert 'model: PLTGPTModel(' in proc.stdout and 'patch_size=4' in proc.stdout
-    losses = [d['loss'] for d in parse_logs(proc.stdout) if 'loss' in d]
-    print(f'{family} megatron pt --patch_size 4 losses: {losses}')
-    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
-
-
 def test_megatron_pt_family_k1_is_stock_without_plugin(models, tmp_path_factory, data, tmp_path):
     model = model_dir(models, tmp_path_factory, 'qwen3')
     plt1 = megatron_pt(model, 'qwen3', data, tmp_path / 'plt', '--patch_size', '1')
@@ -70,7 +62,7 @@ def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, t
                     '0.01', '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
                     '--logging_steps', '1', '--save_steps', '3', '--seed', '7', '--split_dataset_ratio', '0',
                     '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
-                    '--output_dir', str(tmp_path)], timeout=900)
+                    '--output_dir', str(tmp_path), *CPU_SWIFT_ARGS], timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
     assert 'PLTQwen3MoeForCausalLM' in proc.stdout
     losses = [d['loss'] for d in hf_train_logs(str(tmp_path))]
@@ -79,14 +71,3 @@ def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, t
     with open(ckpt) as f:
         config = json.load(f)
     assert config['architectures'] == ['Qwen3MoeForCausalLM'] and 'patch_size' not in config
-
-
-@pytest.mark.parametrize('argv, message', [  # the other refusals' messages: tests/plugin/test_arguments.py
-    (['--model_type', 'qwen3', '--patch_size', '4', '--max_length', '62'], '--max_length 62 is not a multiple'),
-])
-def test_megatron_pt_family_refusals_before_step_1(argv, message, models, tmp_path_factory, data, tmp_path):
-    model = model_dir(models, tmp_path_factory, 'qwen3')
-    proc = run_cli(['megatron', 'pt', '--model', model, '--template', 'default', '--dataset', data,
-                    '--train_iters', '1', '--output_dir', str(tmp_path), *CPU_MEGATRON_ARGS, *argv], timeout=600)
-    assert proc.returncode != 0 and message in proc.stdout, proc.stdout[-3000:]
-    assert 'iteration' not in proc.stdout.split(message)[0].split('\n')[-1]
