@@ -151,20 +151,20 @@ def _compute(k, r, ref):
     return None if token_key(k) else float(nominal_ratio(k))
 
 
-def _vs_token_level(g, rs, which):
-    """{seed: loss(run) / loss(token-level at the run's compute) - 1} on held-out ``which`` (per seed: the
-    start at compute 0 and every token-level continuation of that seed; seeds outside the curve left out)."""
+def _vs_token_level(g, key, which):
+    """{seed: loss(run) / loss(token-level at the run's compute) - 1} of run ``key`` on held-out ``which`` (per seed:
+    the start at compute 0 and every token-level continuation of that seed; seeds outside the curve left out)."""
     a = g.get('a', {})
     out = {}
-    for s, r in rs.items():
+    for s, r in g[key].items():
         ref = a.get(s)
-        x, y = _compute('b', r, ref) if ref else None, (r.get('heldout') or {}).get(which)
+        x, y = _compute(key, r, ref) if ref else None, (r.get('heldout') or {}).get(which)
         curve = [(0.0, (g.get('start', {}).get(s, {}).get('heldout') or {}).get(which))]
         curve += [(_compute(k, g[k][s], ref), (g[k][s].get('heldout') or {}).get(which))
-                  for k in g if k not in ('start',) and token_key(k) and s in g[k]]
+                  for k in g if k != 'start' and token_key(k) and s in g[k]]
         curve = [(cx, cy) for cx, cy in curve if cx is not None and cy is not None]
         t = interpolate(curve, x) if x is not None and y is not None and len(curve) > 1 else None
-        if t:
+        if t is not None:
             out[s] = y / t - 1
     return out
 
@@ -191,8 +191,8 @@ def table(g):
         row['dB_a'] = summary(_rel(rs, a, 'B')) if k != 'a' else None
         row['dB_ah'] = summary(_rel(rs, g.get('ah', {}), 'B')) if k != 'ah' else None
         row['dA_start'] = summary(_rel(rs, g.get('start', {}), 'A')) if k != 'start' else None
-        row['dB_eq'] = None if token_key(k) else summary(_vs_token_level(g, rs, 'B'))
-        row['dA_eq'] = None if token_key(k) else summary(_vs_token_level(g, rs, 'A'))
+        row['dB_eq'] = None if token_key(k) else summary(_vs_token_level(g, k, 'B'))
+        row['dA_eq'] = None if token_key(k) else summary(_vs_token_level(g, k, 'A'))
         out.append(row)
     return out
 

@@ -86,14 +86,19 @@ def _iteration(d: dict) -> int:
     return int(str(d['iteration']).split('/')[0])
 
 
-def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Optional[Tuple[float, int]]:
-    """(seconds, steps) of the logged training, start-up excluded, from ms-swift's ``train_speed(s/it)``; a resumed
-    stage's log is split at its ``invocations`` (``record_wall_time`` records), each adding speed x steps it ran."""
+def _segments(logs: List[dict], invocations: Sequence[dict]) -> List[Tuple[int, List[dict]]]:
+    """(start iteration, log entries) per invocation of a stage: a resumed stage's log split at its ``invocations``
+    (``record_wall_time`` records); the whole log for none."""
     marks = sorted((r.get('log_line', 0), r.get('start_iteration', 0)) for r in invocations) or [(0, 0)]
+    ends = [line for line, _ in marks[1:]] + [float('inf')]
+    return [(start, [d for d in logs if line <= d.get('_line', 0) < end]) for (line, start), end in zip(marks, ends)]
+
+
+def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Optional[Tuple[float, int]]:
+    """(seconds, steps) of the logged training, start-up excluded, from ms-swift's ``train_speed(s/it)`` (the mean
+    since the invocation started); a resumed stage adds speed x steps of each invocation."""
     total, steps = 0.0, 0
-    for k, (line, start) in enumerate(marks):
-        end = marks[k + 1][0] if k + 1 < len(marks) else float('inf')
-        seg = [d for d in logs if line <= d.get('_line', 0) < end]
+    for start, seg in _segments(logs, invocations):
         if not seg:
             continue
         speed = seg[-1].get('train_speed(s/it)')
@@ -107,13 +112,12 @@ def train_loop_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Op
 def steady_step_seconds(logs: List[dict], invocations: Sequence[dict] = ()) -> Optional[float]:
     """Seconds per step after the first logged step of the first invocation (its first step pays compilation and
     warm-up: 8-30 s at K=1 on an H100); None with fewer than two logged steps."""
-    start = min((r.get('log_line', 0) for r in invocations), default=0)
-    later = [r.get('log_line', 0) for r in invocations if r.get('log_line', 0) > start]
-    seg = [d for d in logs if start <= d.get('_line', 0) < min(later, default=float('inf'))
-           and d.get('train_speed(s/it)') is not None]
+    start, seg = _segments(logs, invocations)[0]
+    seg = [d for d in seg if d.get('train_speed(s/it)') is not None]
     if len(seg) < 2:
         return None
-    (n0, t0), (n1, t1) = ((_iteration(d), float(d['train_speed(s/it)']) * _iteration(d)) for d in (seg[0], seg[-1]))
+    (n0, t0), (n1, t1) = ((_iteration(d) - start, float(d['train_speed(s/it)']) * (_iteration(d) - start))
+                          for d in (seg[0], seg[-1]))
     return (t1 - t0) / (n1 - n0) if n1 > n0 else None
 
 
