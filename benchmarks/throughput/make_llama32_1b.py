@@ -11,13 +11,12 @@ config.json and the tokenizer files are written first, the weights last (saved t
 a `megatron pt` run can start up (it reads only the config and the tokenizer before building the model) while the
 weights are made; model.safetensors appears in OUT_DIR only when complete (tput_launch.py --wait-file).
 """
+import argparse
 import copy
 import json
 import os
 import shutil
 import sys
-
-import argparse  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument('out')
