@@ -8,14 +8,17 @@ import os
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
 
+from swift_plt.recipe.early_start import GATE_ENV, PARENT_ENV, write_gate
 from swift_plt.recipe.export import check_export_args, export_vanilla
 from swift_plt.recipe.family import causal_lm_class, check_family, read_config, run_model_type
 from swift_plt.recipe.nodes import LeaderStatus, Nodes, node0_export_launch, node_note, read_nodes, wait_for
 from swift_plt.recipe.options import Options, RecipeError, check_micro_batch, check_passthrough, parse_options
+from swift_plt.recipe.phases import MilestoneClock
 from swift_plt.recipe.plan import TwoStagePlan, make_plan
-from swift_plt.recipe.process import env_prefix, export_launch, failure_cause, flag_value, run_logged
+from swift_plt.recipe.process import LoggedRun, env_prefix, export_launch, failure_cause, flag_value, free_port
 from swift_plt.recipe.stage_report import count_lines, publish_data_report, record_wall_time, write_report
 from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, check_plan_file, exported_from, plan_steps,
                                      stage_launch, stage_state)
@@ -53,11 +56,24 @@ def check_model(opts: Options) -> None:
         raise RecipeError(f'--model {opts.model}: {e}') from None
 
 
-def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: Nodes = Nodes(),
-              status: Optional[LeaderStatus] = None, since: Optional[dict] = None, note: str = '') -> int:
-    """Run one stage's command (logged, timed, with its micro batch and recompute and ``note``, why); 0 when its
-    final checkpoint is there, else the exit code (or 1). A node other than 0 then waits for the final checkpoint
-    (global rank 0 completes it) or node 0's failure after ``since``."""
+@dataclass
+class StageRun:
+    """A stage's `megatron pt` process, started and not yet waited for, with what ``finish_stage`` needs."""
+    step: Step
+    log: str
+    stage: int
+    iters: int
+    log_line: int
+    offset: int
+    resume_from: Optional[str]
+    started: float
+    clock: MilestoneClock
+    run: LoggedRun
+
+
+def start_stage(step: Step, out: str, plan: TwoStagePlan, nodes: Nodes = Nodes(),
+                extra_env: Optional[dict] = None, quiet: bool = False) -> StageRun:
+    """Start one stage's command, logged (to our stdout only from ``show()`` on when ``quiet``)."""
     logs = os.path.join(out, 'logs')
     log = os.path.join(logs, nodes.log_name(step.name))
     print(f'[{step.name}] running ({step.action}); log: {log}', flush=True)
@@ -66,8 +82,21 @@ def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: No
     before = stage_state(out, stage, iters)
     log_line = count_lines(os.path.join(before.run_dir, 'logging.jsonl'))
     offset = os.path.getsize(log) if os.path.exists(log) else 0
-    t = time.time()
-    rc = run_logged(step.cmd, log, step.env)
+    clock = MilestoneClock()
+    run = LoggedRun(step.cmd, log, dict(step.env, **(extra_env or {})), clock.line, quiet)
+    return StageRun(step, log, stage, iters, log_line, offset, before.resume_from, time.time(), clock, run)
+
+
+def finish_stage(sr: StageRun, out: str, plan: TwoStagePlan, opts: Options, nodes: Nodes = Nodes(),
+                 status: Optional[LeaderStatus] = None, since: Optional[dict] = None, note: str = '',
+                 alone_from: Optional[float] = None) -> int:
+    """Wait for a started stage (logged, timed, with its micro batch and recompute and ``note``, why); 0 when its
+    final checkpoint is there, else the exit code (or 1). A node other than 0 then waits for the final checkpoint
+    (global rank 0 completes it) or node 0's failure after ``since``. ``alone_from``: when the stage started beside
+    another, the time that one ended (its wall clock counts from there)."""
+    rc = sr.run.wait()
+    sr.clock.stop()
+    stage, iters = sr.stage, sr.iters
     state = stage_state(out, stage, iters)
     if not nodes.leader:
         if rc == 0 and not state.complete:
@@ -75,23 +104,46 @@ def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: No
                      lambda: stage_state(out, stage, iters).complete, nodes, status, since)
             state = stage_state(out, stage, iters)
     else:
-        start = int(os.path.basename(before.resume_from).split('-')[-1]) if before.resume_from else 0
-        record_wall_time(logs, step.name, time.time() - t, rc, log_line, start, {
-            'micro_batch_size': int(flag_value(step.cmd, 'micro_batch_size') or 1),
-            'recompute_granularity': flag_value(step.cmd, 'recompute_granularity'), 'why': note})
+        start = int(os.path.basename(sr.resume_from).split('-')[-1]) if sr.resume_from else 0
+        now, alone = time.time(), max(sr.started, alone_from or sr.started)
+        record_wall_time(os.path.join(out, 'logs'), sr.step.name, now - alone, rc, sr.log_line, start, {
+            'micro_batch_size': int(flag_value(sr.step.cmd, 'micro_batch_size') or 1),
+            'recompute_granularity': flag_value(sr.step.cmd, 'recompute_granularity'), 'why': note,
+            'milestones': sr.clock.marks(), 'beside_earlier_stage_seconds': round(alone - sr.started, 3)})
         if stage == 1:
             publish_data_report(out, plan, opts)
     if rc == 0 and state.complete:
-        print(f'[{step.name}] complete: {state.final_checkpoint}', flush=True)
+        print(f'[{sr.step.name}] complete: {state.final_checkpoint}', flush=True)
         return 0
-    cause = (failure_cause(log, offset) if rc else
+    cause = (failure_cause(sr.log, sr.offset) if rc else
              'it exited normally without writing its final checkpoint: see the end of the log.')
-    print(f'[{step.name}] failed (exit code {rc}; final checkpoint {state.final_checkpoint} '
+    print(f'[{sr.step.name}] failed (exit code {rc}; final checkpoint {state.final_checkpoint} '
           f'{"present" if state.complete else "missing"}).\n'
-          f'    log: {log}\n    likely cause: {cause}\n'
+          f'    log: {sr.log}\n    likely cause: {cause}\n'
           '    Fix it and rerun the same command: it resumes from the latest checkpoint of this stage.',
           file=sys.stderr, flush=True)
     return rc or 1
+
+
+def run_stage(step: Step, out: str, plan: TwoStagePlan, opts: Options, nodes: Nodes = Nodes(),
+              status: Optional[LeaderStatus] = None, since: Optional[dict] = None, note: str = '') -> int:
+    """Run one stage to its end (``start_stage`` then ``finish_stage``)."""
+    return finish_stage(start_stage(step, out, plan, nodes), out, plan, opts, nodes, status, since, note)
+
+
+def start_stage2_early(step: Step, out: str, plan: TwoStagePlan) -> Tuple[StageRun, str]:
+    """Start stage 2 beside stage 1 (``early_start``): its own torchrun port, the gate file, and stage 1's final
+    checkpoint dir made (ms-swift checks that --mcore_model exists when it parses its arguments)."""
+    gate = os.path.join(out, 'logs', 'stage2.gate')
+    if os.path.exists(gate):
+        os.remove(gate)
+    mcore = flag_value(step.cmd, 'mcore_model')
+    if mcore:
+        os.makedirs(mcore, exist_ok=True)
+    env = {GATE_ENV: gate, PARENT_ENV: str(os.getpid()), 'MASTER_PORT': str(free_port())}
+    print('[stage2] starts now, beside stage 1: start-up and data while stage 1 trains; it builds its model when '
+          'stage 1 is done (--stage2_start after: one after the other)', flush=True)
+    return start_stage(step, out, plan, extra_env=env, quiet=True), gate
 
 
 def run(opts: Options) -> int:
@@ -143,6 +195,8 @@ def run(opts: Options) -> int:
         check_plan_file(out, plan, write=False)
     hf = os.path.join(out, EXPORT_DIR)
     final = os.path.join(out, STAGE_DIRS[2], f'checkpoint-{plan.stage2.train_iters}')
+    early: Optional[Tuple[StageRun, str]] = None  # stage 2 started beside stage 1, and its gate file
+    stage1_end: Optional[float] = None
 
     def recorded(name: str, fn) -> int:  # node 0 of several records each step's state for the others
         log = os.path.join(out, 'logs', nodes.log_name(name))
@@ -150,8 +204,10 @@ def run(opts: Options) -> int:
 
     def export_step(step: Step) -> int:
         print(f'[export] vanilla HF model -> {hf}', flush=True)
+        t = time.time()
         export_vanilla(final, hf, opts.model, opts.export_args, log_path=os.path.join(out, 'logs', 'export.log'),
                        extra_env=step.env, model_type=run_model_type(opts.model, opts.args))
+        record_wall_time(os.path.join(out, 'logs'), 'export', time.time() - t, 0)
         return 0
 
     for step in steps:
@@ -167,8 +223,22 @@ def run(opts: Options) -> int:
         elif step.cmd is not None:
             since = status.read() if status else None
             note = launch.stage_notes.get(int(step.name[-1]), '') if launch else ''
-            rc = recorded(step.name, lambda step=step, since=since, note=note: run_stage(step, out, plan, opts, nodes,
-                                                                                         status, since, note))
+            if step.name == 'stage2' and early is not None:
+                rc = finish_stage(early[0], out, plan, opts, note=note, alone_from=stage1_end)
+            else:
+                if step.name == 'stage1' and early_stage2(opts, steps, nodes):
+                    early = start_stage2_early(next(s for s in steps if s.name == 'stage2'), out, plan)
+                rc = recorded(step.name, lambda step=step, since=since, note=note: run_stage(
+                    step, out, plan, opts, nodes, status, since, note))
+                if early is not None:
+                    stage1_end = time.time()
+                    write_gate(early[1], rc == 0, f'stage 1 failed (exit code {rc}; log: {out}/logs/stage1.log)')
+                    if rc:
+                        early[0].run.wait()
+                    else:
+                        print(f'[stage2] started {stage1_end - early[0].started:.0f} s ago beside stage 1; its '
+                              'output so far:', flush=True)
+                        early[0].run.show()
             if rc:
                 return rc
     print('[done] ' + (f'vanilla HF model: {hf}' if any(s.name == 'export' for s in steps)
@@ -178,6 +248,12 @@ def run(opts: Options) -> int:
         if status:
             status.write('all', 'done')
     return 0
+
+
+def early_stage2(opts: Options, steps: Sequence[Step], nodes: Nodes) -> bool:
+    """Stage 2 starts beside stage 1: both run in this command, on one node, unless --stage2_start after."""
+    running = {s.name for s in steps if s.cmd}
+    return opts.stage2_start == 'early' and {'stage1', 'stage2'} <= running and not nodes.multi
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

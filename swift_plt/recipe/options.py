@@ -5,6 +5,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
+from swift_plt.recipe.early_start import STAGE2_START
 from swift_plt.recipe.micro_batch import STAGE1_MICRO_BATCH, fitting_micro_batch
 from swift_plt.recipe.plan import DEFAULT_LAM, DEFAULT_PATCH_SIZE, STAGE1_BATCH, TwoStagePlan
 from swift_plt.recipe.process import flag_int, flag_value, model_parallel_size
@@ -38,6 +39,7 @@ class Options:
     export_args: List[str] = field(default_factory=list)  # `megatron export` (e.g. --torch_dtype, CPU flags)
     stage: str = 'all'  # all | 1 | 2 | export
     stage1_checkpoint: Optional[str] = None  # stage 2's start (default: OUTPUT_DIR/stage1_patch/checkpoint-n1)
+    stage2_start: str = STAGE2_START[0]  # early: its start-up and data beside stage 1 (early_start.py); after
     dry_run: bool = False
 
     def stage_args(self, stage: int) -> List[str]:
@@ -149,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--export_args', help='extra `megatron export` flags (one quoted string)')
     p.add_argument('--stage', choices=['all', '1', '2', 'export'], help='run only this step (default: all)')
     p.add_argument('--stage1_checkpoint', help='start stage 2 from this Megatron checkpoint')
+    p.add_argument('--stage2_start', choices=list(STAGE2_START),
+                   help='early (default): when both stages run in this command on one node, stage 2\'s process '
+                   'starts with stage 1\'s and does its start-up and data encoding while stage 1 trains, waiting for '
+                   'stage 1 to finish before it builds its model; after: it starts when stage 1 has finished')
     p.add_argument('--dry_run', action='store_true', default=None, help='print the plan and commands, run nothing')
     return p
 
@@ -197,5 +203,8 @@ def parse_options(argv: Optional[Sequence[str]] = None) -> Options:
     values['stage1_micro_batch'] = str(values.get('stage1_micro_batch', STAGE1_MICRO_BATCH[0]))
     if values['stage1_micro_batch'] not in STAGE1_MICRO_BATCH:
         raise RecipeError(f"--stage1_micro_batch {values['stage1_micro_batch']!r}: use auto or keep.")
+    values['stage2_start'] = str(values.get('stage2_start', STAGE2_START[0]))
+    if values['stage2_start'] not in STAGE2_START:
+        raise RecipeError(f"--stage2_start {values['stage2_start']!r}: use early or after.")
     values['dry_run'] = bool(values.get('dry_run', False))
     return Options(**values)

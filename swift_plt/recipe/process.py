@@ -3,8 +3,10 @@ cause when one fails."""
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -20,22 +22,64 @@ def cli_executable(name: str) -> str:
     return exe if os.path.exists(exe) else (shutil.which(name) or name)
 
 
-def run_logged(cmd: List[str], log_path: str, extra_env: Optional[Mapping[str, str]] = None) -> int:
-    """Run ``cmd`` with ``extra_env`` added to our environment, copying its merged stdout/stderr to our stdout and to
-    ``log_path``; return the exit code."""
-    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    with open(log_path, 'a', encoding='utf-8') as log:
-        log.write(f'$ {subprocess.list2cmdline(cmd)}\n')
+class LoggedRun:
+    """``cmd`` with ``extra_env`` added to our environment, its merged stdout/stderr copied to ``log_path`` and to
+    ``on_line`` as each line comes, and to our stdout: at once, or from ``show()`` on (earlier lines replayed) when
+    started ``quiet`` (a stage running beside another)."""
+
+    def __init__(self, cmd: List[str], log_path: str, extra_env: Optional[Mapping[str, str]] = None,
+                 on_line: Optional[Callable[[str], None]] = None, quiet: bool = False):
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        self._log = open(log_path, 'a', encoding='utf-8')
+        self._log.write(f'$ {subprocess.list2cmdline(cmd)}\n')
         if extra_env:
-            log.write(f'# environment: {env_prefix(extra_env)}\n')
-        log.flush()
-        env = dict(os.environ, **extra_env) if extra_env else None
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                errors='replace')
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        return proc.wait()
+            self._log.write(f'# environment: {env_prefix(extra_env)}\n')
+        self._log.flush()
+        self._on_line, self._held, self._lock = on_line, ([] if quiet else None), threading.Lock()
+        # unbuffered: lines come as they are printed (the live output, and on_line's timing)
+        env = dict(os.environ, PYTHONUNBUFFERED='1', **(extra_env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     errors='replace')
+        self._pump = threading.Thread(target=self._copy, daemon=True)
+        self._pump.start()
+
+    def _copy(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            self._log.flush()
+            with self._lock:
+                if self._held is None:
+                    sys.stdout.write(line)
+                else:
+                    self._held.append(line)
+            if self._on_line:
+                self._on_line(line)
+
+    def show(self) -> None:
+        with self._lock:
+            sys.stdout.write(''.join(self._held or ()))
+            sys.stdout.flush()
+            self._held = None
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        self._pump.join()
+        self.show()
+        self._log.close()
+        return rc
+
+
+def run_logged(cmd: List[str], log_path: str, extra_env: Optional[Mapping[str, str]] = None,
+               on_line: Optional[Callable[[str], None]] = None) -> int:
+    """Run ``cmd`` (``LoggedRun``) to its end; return the exit code."""
+    return LoggedRun(cmd, log_path, extra_env, on_line).wait()
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (a second torchrun beside a running one)."""
+    with socket.socket() as sock:
+        sock.bind(('', 0))
+        return sock.getsockname()[1]
 
 
 def env_prefix(env: Mapping[str, str]) -> str:

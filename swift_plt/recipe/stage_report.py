@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from swift_plt.data.report import REPORT_FILE, estimate_loss_tokens, read_reports
 from swift_plt.recipe.options import Options
+from swift_plt.recipe.phases import phase_seconds
 from swift_plt.recipe.plan import TwoStagePlan
 from swift_plt.recipe.process import flag_bool
 from swift_plt.recipe.stages import STAGE_DIRS
@@ -144,12 +145,17 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
         tps = timed[1] * s.global_batch_size * s.seq_length / timed[0] if timed and timed[0] > 0 else None
         secs = tokens / tps if tps else None
         steady = steady_step_seconds(logs, invocations) if logs else None
+        phases: dict = {}  # summed over the stage's invocations
+        for inv in invocations:
+            for name, sec in phase_seconds(inv.get('milestones') or {}):
+                phases[name] = phases.get(name, 0.0) + sec
         rows.append({
             'stage': stage, 'kind': s.name, 'patch_size': s.patch_size, 'seq_length': s.seq_length,
             'global_batch_size': s.global_batch_size, 'micro_batch_size': last.get('micro_batch_size'),
             'recompute_granularity': last.get('recompute_granularity'), 'micro_batch_why': last.get('why'),
             'planned_steps': s.train_iters, 'steps': steps, 'tokens': tokens, 'train_seconds': secs,
-            'wall_seconds': wall, 'tokens_per_s': tps,
+            'wall_seconds': wall, 'phases': phases if len(phases) > 1 else None,
+            'beside_seconds': sum(r.get('beside_earlier_stage_seconds', 0.0) for r in invocations), 'tokens_per_s': tps,
             'steady_tokens_per_s': s.global_batch_size * s.seq_length / steady if steady else tps,
             'patches_per_s': tps / s.patch_size if tps and s.patch_size > 1 else None,
             'first_loss': logs[0]['loss'] if logs else None, 'last_loss': logs[-1]['loss'] if logs else None,
@@ -157,6 +163,10 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
     for r in rows:
         r['overhead_seconds'] = (r['wall_seconds'] - r['train_seconds']
                                  if r['wall_seconds'] is not None and r['train_seconds'] else None)
+        # what a run of this stage alone would spend besides training: its time beside the earlier stage counts,
+        # its wait for that stage does not
+        r['overhead_alone_seconds'] = (None if r['overhead_seconds'] is None else r['overhead_seconds']
+                                       + r['beside_seconds'] - (r['phases'] or {}).get('wait', 0.0))
     for r in rows:  # the same tokens trained token-level (same model, data and settings): stage 2 itself, and
         # stage 1's tokens at stage 2's rate after its first step (a token-level run pays that step once, in stage 2)
         steady2 = rows[1]['steady_tokens_per_s']
@@ -165,22 +175,33 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
     return rows
 
 
-def against_token_level(rows: List[dict]) -> Optional[str]:
-    """The recipe's training time and wall clock (the stages; not the export) against token-level training of the same
-    tokens at stage 2's rate (its first step once) with one start-up (stage 2's overhead); None until both stages
-    have both figures."""
+def export_seconds(out: str) -> Optional[float]:
+    """Wall seconds of the recipe's last export (logs/export.time.jsonl), None without one."""
+    path = os.path.join(out, 'logs', 'export.time.jsonl')
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding='utf-8') as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    return runs[-1]['seconds'] if runs else None
+
+
+def against_token_level(rows: List[dict], export: Optional[float] = None) -> Optional[str]:
+    """The recipe's training time and wall clock (the stages, and ``export`` seconds when given) against token-level
+    training of the same tokens at stage 2's rate (its first step once) with one start-up (stage 2's overhead, as if
+    it had run alone); None until both stages have both figures."""
     if any(r['train_seconds'] is None or r['overhead_seconds'] is None or r['token_level_seconds'] is None
            for r in rows):
         return None
-    train, wall = sum(r['train_seconds'] for r in rows), sum(r['wall_seconds'] for r in rows)
+    train, wall = sum(r['train_seconds'] for r in rows), sum(r['wall_seconds'] for r in rows) + (export or 0.0)
     est_train = sum(r['token_level_seconds'] for r in rows)
-    est_wall = est_train + rows[1]['overhead_seconds']
+    est_wall = est_train + rows[1]['overhead_alone_seconds']
+    what = f'the export\'s {export:.1f} s included' if export is not None else 'the export not counted'
     return (f'  against token-level training of the same {sum(r["tokens"] for r in rows):,} tokens at stage 2\'s rate, '
             f'its first step once (est. {est_train:.1f} s of training, {est_wall:.1f} s wall with one start-up): training '
-            f'{train / est_train:.2f}x, wall {wall / est_wall:.2f}x (the export not counted)')
+            f'{train / est_train:.2f}x, wall {wall / est_wall:.2f}x ({what})')
 
 
-def format_report(rows: List[dict], plan: TwoStagePlan) -> str:
+def format_report(rows: List[dict], plan: TwoStagePlan, export: Optional[float] = None) -> str:
     lines = ['Two-stage PLT summary (tokens = steps x global_batch_size x max_length; time = training loop at the '
              "logged steps' rate (ms-swift's train_speed), wall = the `megatron pt` invocation(s), start-up included)"]
     for r in rows:
@@ -196,12 +217,16 @@ def format_report(rows: List[dict], plan: TwoStagePlan) -> str:
         speed = f"{r['tokens_per_s']:,.0f} tokens/s" if r['tokens_per_s'] else 'tokens/s n/a'
         if r['patches_per_s']:
             speed += f", {r['patches_per_s']:,.0f} patches/s"
+        if r.get('beside_seconds'):
+            w += f" after stage 1; started {r['beside_seconds']:.1f} s earlier beside it"
         if r.get('overhead_seconds') is not None:
             w += f": {r['overhead_seconds']:.1f} s start-up, data and saving"
         est = f"; token-level est. {r['token_level_seconds']:.1f} s" if r.get('token_level_seconds') else ''
         lines.append(f"  {name}: {r['steps']}/{r['planned_steps']} steps, {r['tokens']:,} tokens, time {t} "
                      f"(wall {w}){est}, {speed}; loss {r['first_loss']:.4f} -> {r['last_loss']:.4f}")
-    total = against_token_level(rows)
+        if r.get('phases'):
+            lines.append('    wall clock: ' + ', '.join(f'{k} {v:.1f} s' for k, v in r['phases'].items()))
+    total = against_token_level(rows, export)
     return '\n'.join(lines + ([total] if total else []))
 
 
@@ -246,7 +271,7 @@ def write_report(out: str, plan: TwoStagePlan) -> None:
     """At the end of a run: OUTPUT_DIR/summary.txt (+ summary.json) and OUTPUT_DIR/loss_curves.png."""
     try:
         rows = stage_report(out, plan)
-        text = format_report(rows, plan)
+        text = format_report(rows, plan, export_seconds(out))
         with open(os.path.join(out, 'summary.txt'), 'w', encoding='utf-8') as f:
             f.write(text + '\n')
         with open(os.path.join(out, 'summary.json'), 'w', encoding='utf-8') as f:

@@ -14,6 +14,7 @@ from harness import spawn
 from harness.cli import CPU_MEGATRON_ARGS, parse_logs, run_cli
 from harness.dist import cpu_threads
 from harness.tiny import make_jsonl, make_tiny_llama
+from swift_plt.recipe.phases import PHASES
 
 # one worker under `pytest -n` (.ci/run): the module-scoped recipe run (~2 min) is shared by every test here
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('two_stage_cli')]
@@ -200,3 +201,8 @@ def test_end_of_run_summary_and_loss_plot(run):
     invocations = [json.loads(line) for line in open(os.path.join(out, 'logs', 'stage1.time.jsonl'))]
     assert [r['start_iteration'] for r in invocations] == [0, 2] and invocations[1]['log_line'] > 0
     assert open(os.path.join(out, 'loss_curves.png'), 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
+    # every ms-swift milestone was seen (the log lines phases.MILESTONES matches): all phases, adding up to the wall
+    for r in rows:
+        assert list(r['phases']) == [name for name, _, _ in PHASES], r['phases']
+        assert sum(r['phases'].values()) == pytest.approx(r['wall_seconds'], abs=1.0)
+    assert 'wall clock: start-up ' in text and "the export's " in text

@@ -8,6 +8,7 @@ import pytest
 
 from swift_plt.recipe import cli, export
 from swift_plt.recipe.options import parse_options
+from swift_plt.recipe.early_start import GATE_ENV, PARENT_ENV, read_gate
 from swift_plt.recipe.plan import make_plan
 from swift_plt.recipe.process import export_launch, failure_cause, pick_launch, run_logged
 from swift_plt.recipe.stages import plan_steps, stage_launch
@@ -153,18 +154,32 @@ def test_dry_run_says_what_it_picked(model_dir, tmp_path, capsys, monkeypatch):
     assert 'swift-plt-two-stage: stage 1: --micro_batch_size 1; not sized from GPU memory: no CUDA device here\n' in out
 
 
+class Finished:
+    """A LoggedRun that already ended with ``rc``."""
+
+    def __init__(self, rc):
+        self.rc = rc
+
+    def wait(self):
+        return self.rc
+
+    def show(self):
+        pass
+
+
 class FakeRun:
-    """Stands in for run_logged: records the command and environment, writes ``log`` and returns ``rc``."""
+    """Stands in for run_logged (or LoggedRun: ``started``): records the command and environment, writes ``log``
+    and returns ``rc``."""
 
-    def __init__(self, log='', rc=1):
-        self.calls, self.log, self.rc = [], log, rc
+    def __init__(self, log='', rc=1, started=False):
+        self.calls, self.log, self.rc, self.started = [], log, rc, started
 
-    def __call__(self, cmd, log_path, extra_env=None):
+    def __call__(self, cmd, log_path, extra_env=None, on_line=None, quiet=False):
         self.calls.append((cmd, extra_env))
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, 'a') as f:
             f.write(self.log)
-        return self.rc
+        return Finished(self.rc) if self.started else self.rc
 
 
 @pytest.mark.parametrize('environ, env', [({}, {'NPROC_PER_NODE': '1'}), ({'NPROC_PER_NODE': '1'}, {})])
@@ -176,13 +191,17 @@ def test_stage_runs_with_the_count_and_a_failure_names_log_and_cause(model_dir, 
         monkeypatch.setenv(k, v)
     monkeypatch.setattr('swift_plt.recipe.stages.gpu_count', lambda: 1)
     fake = FakeRun('[rank0]: ValueError: Error initializing torch.distributed using env:// rendezvous: environment '
-                   'variable RANK expected, but not set\n')
-    monkeypatch.setattr(cli, 'run_logged', fake)
+                   'variable RANK expected, but not set\n', started=True)
+    monkeypatch.setattr(cli, 'LoggedRun', fake)
     out = tmp_path / 'out'
     assert cli.main(recipe_argv(model_dir, out)) == 1
-    [(cmd, extra_env)] = fake.calls  # stage 1 ran (and failed); stage 2 and the export did not
-    assert cmd[1] == 'pt' and cmd[cmd.index('--patch_size') + 1] == '4'
-    assert extra_env == env
+    # stage 1 ran (and failed); stage 2, started beside it, was told to stop at its gate; no export
+    (cmd1, env1), (cmd2, env2) = sorted(fake.calls, key=lambda c: c[0][c[0].index('--patch_size') + 1], reverse=True)
+    assert cmd1[1] == 'pt' and cmd1[cmd1.index('--patch_size') + 1] == '4'
+    assert env1 == env
+    gate = env2.pop(GATE_ENV)
+    assert read_gate(gate) == {'ok': False, 'why': f'stage 1 failed (exit code 1; log: {out}/logs/stage1.log)'}
+    assert env2.pop(PARENT_ENV) == str(os.getpid()) and int(env2.pop('MASTER_PORT')) > 0 and env2 == env
     err = capsys.readouterr().err
     log = out / 'logs' / 'stage1.log'
     assert f'log: {log}' in err

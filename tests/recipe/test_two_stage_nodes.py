@@ -12,7 +12,7 @@ from swift_plt.recipe.nodes import LeaderStatus, NodeWaitError, Nodes, node0_exp
 from swift_plt.recipe.options import RecipeError
 from swift_plt.recipe.process import flag_value
 from swift_plt.recipe.stages import stage_launch
-from test_two_stage_launch import opts_plan, recipe_argv
+from test_two_stage_launch import Finished, opts_plan, recipe_argv
 
 TWO = {'NNODES': '2', 'NPROC_PER_NODE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': '29555'}
 
@@ -111,7 +111,7 @@ class FakeStage:
     def __init__(self, tracker=True, after=None):
         self.calls, self.tracker, self.after = [], tracker, after
 
-    def __call__(self, cmd, log_path, extra_env=None):
+    def __call__(self, cmd, log_path, extra_env=None, on_line=None, quiet=False):
         self.calls.append((cmd, extra_env, os.path.basename(log_path)))
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, 'a') as f:
@@ -123,7 +123,7 @@ class FakeStage:
             write_tracker(ckpt, it)
         if self.after:
             self.after(cmd)
-        return 0
+        return Finished(0)
 
 
 def write_tracker(ckpt, it):
@@ -155,7 +155,7 @@ def test_node0_writes_the_run_files_and_exports_alone(model_dir, tmp_path, monke
     node(0)
     out = tmp_path / 'out'
     stage, exports = FakeStage(), []
-    monkeypatch.setattr(cli, 'run_logged', stage)
+    monkeypatch.setattr(cli, 'LoggedRun', stage)
     monkeypatch.setattr(cli, 'export_vanilla', fake_export(exports))
     reports = []
     monkeypatch.setattr(cli, 'write_report', lambda out, plan: reports.append(out))
@@ -189,7 +189,7 @@ def test_node1_joins_the_stages_and_waits_for_node0s_files(model_dir, tmp_path, 
             threading.Timer(0.3, fake_export([]), (ckpt, str(hf), None, (), 'x', {}, None)).start()
 
     stage = FakeStage(tracker=False, after=node0_after)
-    monkeypatch.setattr(cli, 'run_logged', stage)
+    monkeypatch.setattr(cli, 'LoggedRun', stage)
     monkeypatch.setattr(cli, 'export_vanilla', lambda *a, **k: pytest.fail('node 1 must not export'))
     monkeypatch.setattr(cli, 'write_report', lambda *a: pytest.fail('node 1 must not write the summary'))
     threading.Timer(0.1, cli.check_plan_file, (str(out), opts_plan(recipe_argv(model_dir, out))[1], True)).start()
@@ -213,7 +213,7 @@ def test_node1_stops_when_node0_fails(model_dir, tmp_path, monkeypatch, node, ca
     status = LeaderStatus(str(out))
     stage = FakeStage(tracker=False, after=lambda cmd: threading.Timer(
         0.1, status.write, ('stage1', 'failed'), {'rc': 1, 'log': 'logs/stage1.log'}).start())
-    monkeypatch.setattr(cli, 'run_logged', stage)
+    monkeypatch.setattr(cli, 'LoggedRun', stage)
     assert cli.main(recipe_argv(model_dir, out)) == 1
     err = capsys.readouterr().err
     assert 'node 0 failed at stage1 (exit code 1; log: logs/stage1.log) while node 1 waited for' in err
@@ -222,7 +222,7 @@ def test_node1_stops_when_node0_fails(model_dir, tmp_path, monkeypatch, node, ca
 
 def test_node1_without_node0_times_out(model_dir, tmp_path, monkeypatch, node, capsys):
     node(1, SWIFT_PLT_NODE_WAIT='0.2')
-    monkeypatch.setattr(cli, 'run_logged', lambda *a, **k: pytest.fail('no stage before node 0 wrote plan.json'))
+    monkeypatch.setattr(cli, 'LoggedRun', lambda *a, **k: pytest.fail('no stage before node 0 wrote plan.json'))
     assert cli.main(recipe_argv(model_dir, tmp_path / 'out')) == 1
     err = capsys.readouterr().err
     assert f"node 1 waited 0 s for {tmp_path / 'out' / 'plan.json'}, which node 0 writes" in err

@@ -6,9 +6,10 @@ from fractions import Fraction
 
 import pytest
 
+from swift_plt.recipe.phases import MilestoneClock, phase_seconds
 from swift_plt.recipe.plan import make_plan
-from swift_plt.recipe.stage_report import (format_report, record_wall_time, stage_report, steady_step_seconds,
-                                          train_loop_seconds, write_report)
+from swift_plt.recipe.stage_report import (export_seconds, format_report, record_wall_time, stage_report,
+                                          steady_step_seconds, train_loop_seconds, write_report)
 
 
 def _write_logs(path, entries):
@@ -154,3 +155,69 @@ def test_token_level_estimate_pays_stage_2s_first_step_once(tmp_path):
     # stage 1: 3,072 tokens at 1,024 tokens/s (its mean rate, 307 tokens/s, would say 10 s); stage 2: itself
     assert (r1['token_level_seconds'], r2['token_level_seconds']) == (pytest.approx(3.0), pytest.approx(2.5))
     assert 'training 0.73x' in format_report([r1, r2], plan)  # (1.5 + 2.5) / (3.0 + 2.5)
+
+
+# ms-swift 4.6's milestone lines as a `megatron pt` run prints them (abridged after the matched part)
+MS_SWIFT_LOG = [
+    (0.5, '[INFO:swift] megatron.core.__version__: 0.16.1'),
+    (20.0, "[INFO:swift] args: MegatronPretrainArguments(use_ray=False, model='/m', ...)"),
+    (21.0, '[INFO:swift] max_length: 8192'),
+    (50.0, '[INFO:swift] Dataset Token Length: 7837.868020±366.960963, min=1880.000000, max=8192.000000, size=788'),
+    (62.0, '[INFO:swift] [rank0] model_parameter_info: PLTGPTModel: 1235.8144M Params (1235.8144M Trainable)'),
+    (70.0, '[INFO:swift] The training of Epoch 0 starts...'),
+    (75.0, "{'loss': 12.22349548, 'grad_norm': 8.37569618, 'iteration': '1/24', 'elapsed_time': '5s'}"),
+    (76.0, "{'loss': 12.0, 'iteration': '2/24'}"),
+    (90.0, "{'loss': 7.9, 'iteration': '24/24'}"),
+    (91.0, '[INFO:swift] Saving checkpoint ...'),
+]
+
+
+def _clocked(lines, end):
+    now = [0.0]
+    clock = MilestoneClock(lambda: now[0])
+    for t, text in lines:
+        now[0] = t
+        clock.line(text)
+    now[0] = end
+    clock.stop()
+    return clock.marks()
+
+
+def test_milestones_split_the_wall_clock_into_phases():
+    """Each phase runs from one ms-swift milestone to the next (the step: first and last); they add up to the wall;
+    a milestone the log lacks joins its phase to the next."""
+    marks = _clocked(MS_SWIFT_LOG, 100.0)
+    assert marks == {'args': 20.0, 'data': 50.0, 'model': 62.0, 'train': 70.0, 'first_step': 75.0, 'last_step': 90.0,
+                     'end': 100.0}
+    assert phase_seconds(marks) == [('start-up', 20.0), ('data', 30.0), ('model', 12.0), ('load', 8.0),
+                                    ('first step', 5.0), ('steps', 15.0), ('save and exit', 10.0)]
+    no_data = _clocked([x for x in MS_SWIFT_LOG if 'Dataset Token Length' not in x[1]], 100.0)
+    assert phase_seconds(no_data)[1:3] == [('data + model', 42.0), ('load', 8.0)]
+    failed = _clocked(MS_SWIFT_LOG[:3], 30.0)  # died before its data
+    assert phase_seconds(failed) == [('start-up', 20.0), ('data + model + load + first step + steps + save and exit',
+                                                          10.0)]
+
+
+def test_summary_gives_each_stage_phases_and_counts_the_export(tmp_path):
+    """The summary names each stage's phases (summed over its invocations) and, once the export ran, counts its wall
+    clock in the recipe's."""
+    plan = make_plan(3840, 4, '4/5', seq_length=64, global_batch_size=4, stage1_batch='sequences')
+    out = str(tmp_path)
+    _write_logs(os.path.join(out, 'stage1_patch'), _entries(3, 3, 0.5))
+    _write_logs(os.path.join(out, 'stage2_token'), _entries(3, 3, 0.25))
+    logs = os.path.join(out, 'logs')
+    marks = _clocked(MS_SWIFT_LOG, 100.0)
+    record_wall_time(logs, 'stage1', 60.0, 1, settings={'milestones': {'args': 20.0, 'end': 60.0}})  # interrupted
+    record_wall_time(logs, 'stage1', 100.0, 0, settings={'milestones': marks})
+    record_wall_time(logs, 'stage2', 100.0, 0, settings={'milestones': marks})
+    r1, r2 = stage_report(out, plan)
+    assert r1['phases']['start-up'] == pytest.approx(40.0) and r2['phases']['start-up'] == pytest.approx(20.0)
+    assert sum(r1['phases'].values()) == pytest.approx(160.0)
+    text = format_report([r1, r2], plan, export_seconds(out))
+    assert ('    wall clock: start-up 20.0 s, data 30.0 s, model 12.0 s, load 8.0 s, first step 5.0 s, steps 15.0 s, '
+            'save and exit 10.0 s') in text
+    assert 'the export not counted' in text
+    record_wall_time(logs, 'export', 40.0, 0)
+    assert export_seconds(out) == 40.0
+    # recipe wall 160 + 100 + 40 against 3.75 s of training + stage 2's 99.25 s overhead
+    assert "wall 2.91x (the export's 40.0 s included)" in format_report([r1, r2], plan, export_seconds(out))
