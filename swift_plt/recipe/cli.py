@@ -177,7 +177,8 @@ def run(opts: Options) -> int:
     for i, note in sorted(launch.stage_notes.items() if launch else ()):
         if i in running:
             print(f'swift-plt-two-stage: {note}', flush=True)
-    steps = plan_steps(opts, plan, launch and launch.env, export and export.env, launch and launch.stage_args)
+    steps = plan_steps(opts, plan, launch and launch.env, export and export.env, launch and launch.stage_args,
+                       launch and launch.stage_env)
     for step in steps:
         print(f'[{step.name}] {step.action}', flush=True)
         if step.cmd:

@@ -35,6 +35,12 @@ STOCK_LOSS_EXTRA_BYTES = 8  # per logit at K=1 on top of the logits: fp32 softma
 FULL_RECOMPUTE = ('--recompute_granularity', 'full', '--recompute_method', 'uniform', '--recompute_num_layers', '1')
 NO_RECOMPUTE = ('--recompute_granularity', 'none')
 GIB = 2**30
+# per GPU, what stage 2's process holds while it waits beside stage 1 (early_start.py): its CUDA context and NCCL
+# buffers, 1.15 GiB measured on an H100 (1B Llama config), rounded up
+EARLY_STAGE2_BYTES = int(1.5 * GIB)
+# stage 1 runs close to the memory limit: the allocator's expandable segments keep fragmentation from breaking it (an
+# early-start run at MBS 16 failed with 7.9 GiB reserved but unallocated; upstream's default otherwise)
+STAGE1_ALLOC_CONF = {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}
 
 
 def _first(config: Mapping, *keys, default=None):
@@ -225,7 +231,7 @@ class MicroBatchChoice:
 
 def pick_stage1_micro_batch(shape: ModelShape, layout: Layout, positions: int, patch_size: int, per_rank: int,
                             dp: int, asked: int, total_memory: int, stage2: Optional[Tuple[Layout, int, int]] = None,
-                            safety: float = SAFETY) -> MicroBatchChoice:
+                            safety: float = SAFETY, beside: int = 0) -> MicroBatchChoice:
     """Stage 1's micro-batch size (a divisor of ``per_rank``, its sequences per rank and step) and recompute, for a
     GPU of ``total_memory`` bytes, budget ``safety`` of it. In this order:
 
@@ -234,8 +240,9 @@ def pick_stage1_micro_batch(shape: ModelShape, layout: Layout, positions: int, p
     2. with the stage's own recompute setting, the largest that fits (below ``asked``: a smaller micro batch);
     3. full recompute (uniform, 1 layer) at the largest that fits, at least 1.
 
-    ``stage2``: (layout, micro-batch size, data-parallel size) of stage 2, whose estimate the reason reports."""
-    budget = safety * total_memory
+    ``stage2``: (layout, micro-batch size, data-parallel size) of stage 2, whose estimate the reason reports;
+    ``beside``: bytes another process holds on the GPU meanwhile (stage 2 started early), off the budget."""
+    budget = safety * total_memory - beside
     base = layout.recompute
 
     def est(mbs, rc):
@@ -266,7 +273,8 @@ def pick_stage1_micro_batch(shape: ModelShape, layout: Layout, positions: int, p
         layout2, mbs2, dp2 = stage2
         other = (f'; stage 2 (K=1) at --micro_batch_size {mbs2}: est. '
                  f'{gib(estimate_bytes(shape, layout2, positions, 1, mbs2, dp2))}')
+    less = f' less {gib(beside)} for stage 2 started beside it' if beside else ''
     reason = (f'stage 1: {" ".join(flags)} ({how}; est. {gib(estimate)} of {gib(total_memory)} (budget '
-              f'{safety:.0%}) at K={patch_size}{other}; to choose: --stage1_args "--micro_batch_size N" or '
+              f'{safety:.0%}{less}) at K={patch_size}{other}; to choose: --stage1_args "--micro_batch_size N" or '
               '--stage1_micro_batch keep)')
     return MicroBatchChoice(mbs, tuple(flags), reason, estimate, budget)

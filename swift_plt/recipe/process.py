@@ -153,6 +153,7 @@ class Launch:
     # per stage: flags added at the end of its command (they win: its micro-batch size, recompute) and why
     stage_args: Dict[int, List[str]] = field(default_factory=dict)
     stage_notes: Dict[int, str] = field(default_factory=dict)
+    stage_env: Dict[int, Dict[str, str]] = field(default_factory=dict)  # per stage: added to its environment
 
 
 def user_launch(environ: Mapping[str, str]) -> Optional[Launch]:

@@ -7,8 +7,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from swift_plt.recipe.export import PROVENANCE, checkpoint_iteration, list_checkpoints
 from swift_plt.recipe.family import model_type_flags, read_config, run_model_type
-from swift_plt.recipe.micro_batch import (STAGE1_MICRO_BATCH, Layout, ModelShape, estimate_bytes, fitting_micro_batch,
-                                          gib, pick_stage1_micro_batch)
+from swift_plt.recipe.micro_batch import (EARLY_STAGE2_BYTES, STAGE1_ALLOC_CONF, STAGE1_MICRO_BATCH, Layout, ModelShape,
+                                          estimate_bytes, fitting_micro_batch, gib, pick_stage1_micro_batch)
 from swift_plt.recipe.options import Options, RecipeError, check_data_parallel, micro_batch_size
 from swift_plt.recipe.plan import TwoStagePlan
 from swift_plt.recipe.process import (Launch, cli_executable, flag_value, gpu_count, gpu_memory, model_parallel_size,
@@ -80,23 +80,26 @@ def stage_launch(opts: Options, plan: TwoStagePlan, environ: Optional[Mapping[st
     if why:
         raise RecipeError(f'{why} The stages would run {launch.note}: set NPROC_PER_NODE to a count that fits, or '
                           'change the batch flags.')
-    launch.stage_args, launch.stage_notes = stage_micro_batches(opts, plan, launch.world_size,
-                                                                total_memory or gpu_memory)
+    launch.stage_args, launch.stage_notes, sized = stage_micro_batches(opts, plan, launch.world_size,
+                                                                       total_memory or gpu_memory)
+    if 'PYTORCH_CUDA_ALLOC_CONF' not in environ and sized:
+        launch.stage_env[1] = dict(STAGE1_ALLOC_CONF)  # stage 1 sized to its memory: no fragmentation failure
     return launch
 
 
 def stage_micro_batches(opts: Options, plan: TwoStagePlan, world_size: Optional[int],
-                        total_memory: Callable[[], Optional[int]]) -> Tuple[Dict[int, List[str]], Dict[int, str]]:
+                        total_memory: Callable[[], Optional[int]]) -> Tuple[Dict[int, List[str]], Dict[int, str], bool]:
     """Per stage, the flags added at the end of its command and why: a micro batch lowered to what the global batch
     gives each data-parallel rank, and stage 1's micro batch and recompute from its GPU memory (``micro_batch.py``;
-    not with --stage1_micro_batch keep or a --micro_batch_size / --recompute_* of --stage1_args)."""
+    not with --stage1_micro_batch keep or a --micro_batch_size / --recompute_* of --stage1_args); and whether stage 1
+    was sized so."""
     args: Dict[int, List[str]] = {}
     notes: Dict[int, str] = {}
     mbs = {i: micro_batch_size(opts.stage_args(i)) for i in (1, 2)}
 
-    def unsized(why: str) -> Tuple[Dict[int, List[str]], Dict[int, str]]:
+    def unsized(why: str) -> Tuple[Dict[int, List[str]], Dict[int, str], bool]:
         notes[1] = f'{notes.get(1, f"stage 1: --micro_batch_size {mbs[1]}")}; not sized from GPU memory: {why}'
-        return args, notes
+        return args, notes, False
 
     if world_size is None:
         return unsized('the data-parallel size is not known (the process count is torchrun\'s)')
@@ -128,10 +131,12 @@ def stage_micro_batches(opts: Options, plan: TwoStagePlan, world_size: Optional[
         est = estimate_bytes(shape, layout1, positions, plan.patch_size, mbs[1], dp[1])
         return unsized(f'{", ".join("--" + f for f in own)} from --stage1_args (est. {gib(est)} of {gib(memory)} '
                        f'at K={plan.patch_size})')
+    early = opts.stage2_start == 'early' and opts.stage == 'all'  # cli.early_stage2, when stage 1 runs
     choice = pick_stage1_micro_batch(shape, layout1, positions, plan.patch_size, plan.stage1.global_batch_size // dp[1],
-                                     dp[1], mbs[1], memory, (layout2, mbs[2], dp[2]))
+                                     dp[1], mbs[1], memory, (layout2, mbs[2], dp[2]),
+                                     beside=EARLY_STAGE2_BYTES if early else 0)
     args[1], notes[1] = list(choice.flags), choice.reason
-    return args, notes
+    return args, notes, True
 
 
 def _stage_cmd(opts: Options, plan: TwoStagePlan, stage: int, state: StageState, init: List[str],
@@ -165,18 +170,20 @@ def _stage_step(opts: Options, plan: TwoStagePlan, state: StageState, start_acti
 
 def plan_steps(opts: Options, plan: TwoStagePlan, env: Optional[Mapping[str, str]] = None,
                export_env: Optional[Mapping[str, str]] = None,
-               stage_args: Optional[Mapping[int, Sequence[str]]] = None) -> List[Step]:
+               stage_args: Optional[Mapping[int, Sequence[str]]] = None,
+               stage_env: Optional[Mapping[int, Mapping[str, str]]] = None) -> List[Step]:
     """What a run of ``opts`` does now, from the state on disk, with ``env`` added to the stages' environment,
     ``export_env`` to the export's and ``stage_args`` (Launch.stage_args) at the end of each stage's command. Raises
     RecipeError before anything runs."""
-    env, export_env, stage_args = env or {}, export_env or {}, stage_args or {}
+    env, export_env, stage_args, stage_env = env or {}, export_env or {}, stage_args or {}, stage_env or {}
     out = os.path.abspath(opts.output_dir)
     s1 = stage_state(out, 1, plan.stage1.train_iters)
     s2 = stage_state(out, 2, plan.stage2.train_iters)
     steps = []
     want = {'all': (1, 2, 3), '1': (1, ), '2': (2, ), 'export': (3, )}[opts.stage]
     if 1 in want:
-        steps.append(_stage_step(opts, plan, s1, 'start', [], env, stage_args.get(1, ())))
+        steps.append(_stage_step(opts, plan, s1, 'start', [], dict(env, **stage_env.get(1, {})),
+                                 stage_args.get(1, ())))
     if 2 in want:
         start = opts.stage1_checkpoint or s1.final_checkpoint
         will_exist = opts.stage1_checkpoint is None and 1 in want  # stage 1 runs first in this command

@@ -223,3 +223,29 @@ def test_dry_run_prints_and_applies_both(llama_1b, model_dir, tmp_path, capsys, 
             'of 80.0 GiB (budget 90%) at K=4; stage 2 (K=1) at --micro_batch_size 8: est. 35.7 GiB; to choose: '
             '--stage1_args "--micro_batch_size N" or --stage1_micro_batch keep)\n') in out
     assert '--recompute_num_layers 1 --micro_batch_size 16 --recompute_granularity none\n' in out
+
+
+def test_stage2_started_early_takes_its_share_of_stage1s_budget(llama_1b, tmp_path):
+    """At 77.5 GiB, MBS 16 (est. 69.2 GiB) fits 90 % of the GPU but not once stage 2's process, started beside
+    stage 1, holds its 1.5 GiB: MBS 8 then; one after the other (--stage2_start after), 16."""
+    early = launch_of(llama_1b, tmp_path / 'o', memory=int(77.5 * GIB))
+    assert early.stage_args == {1: ['--micro_batch_size', '8']}
+    assert '(budget 90% less 1.5 GiB for stage 2 started beside it)' in early.stage_notes[1]
+    after = launch_of(llama_1b, tmp_path / 'o', '--stage2_start', 'after', memory=int(77.5 * GIB))
+    assert after.stage_args == {1: ['--micro_batch_size', '16']} and 'less' not in after.stage_notes[1]
+    alone = launch_of(llama_1b, tmp_path / 'o', '--stage', '1', memory=int(77.5 * GIB))  # stage 2 not in this run
+    assert alone.stage_args == {1: ['--micro_batch_size', '16']}
+
+
+def test_stage1_sized_to_its_memory_gets_expandable_segments(llama_1b, tmp_path):
+    """The allocator setting goes to stage 1 only, only where its micro batch was sized from memory, never over the
+    user's own PYTORCH_CUDA_ALLOC_CONF."""
+    launch = launch_of(llama_1b, tmp_path / 'o')
+    assert launch.stage_env == {1: {'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}}
+    opts, plan = opts_plan(argv_1b(llama_1b, tmp_path / 'o'))
+    steps = {s.name: s.env for s in plan_steps(opts, plan, launch.env, None, launch.stage_args, launch.stage_env)}
+    assert steps['stage1'] == {'NPROC_PER_NODE': '1', 'PYTORCH_CUDA_ALLOC_CONF': 'expandable_segments:True'}
+    assert steps['stage2'] == {'NPROC_PER_NODE': '1'}
+    assert launch_of(llama_1b, tmp_path / 'o', environ={'PYTORCH_CUDA_ALLOC_CONF': 'x'}).stage_env == {}
+    assert launch_of(llama_1b, tmp_path / 'o', '--stage1_micro_batch', 'keep').stage_env == {}
+    assert launch_of(llama_1b, tmp_path / 'o', memory=None).stage_env == {}
