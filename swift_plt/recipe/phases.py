@@ -16,10 +16,10 @@ MILESTONES: Tuple[Tuple[str, 're.Pattern'], ...] = (
     ('step', re.compile(r"^\{'loss': ")),  # a logged training step (first and last kept)
 )
 
-# phase name: (from, to) milestones; 'launch' is 0, 'end' the exit
-PHASES = (('start-up', 'launch', 'args'), ('data', 'args', 'data'), ('wait', 'data', 'gate'), ('model', 'data', 'model'),
-          ('load', 'model', 'train'), ('first step', 'train', 'first_step'), ('steps', 'first_step', 'last_step'),
-          ('save and exit', 'last_step', 'end'))
+# (phase, the milestone it ends at), in order: each runs from the previous milestone seen (the first from the launch);
+# the first logged step is step 1 with --logging_steps 1
+PHASES = (('start-up', 'args'), ('data', 'data'), ('wait', 'gate'), ('model', 'model'), ('load', 'train'),
+          ('first logged step', 'first_step'), ('steps', 'last_step'), ('save and exit', 'end'))
 OPTIONAL = ('gate', )
 
 
@@ -52,7 +52,7 @@ def phase_seconds(marks: Dict[str, float]) -> List[Tuple[str, float]]:
     next ('data + model'), except the optional wait (a stage started early)."""
     marks = dict(marks, launch=0.0)
     out, since, names = [], 'launch', []
-    for name, _, to in PHASES:
+    for name, to in PHASES:
         if to in OPTIONAL and to not in marks:
             continue
         names.append(name)

@@ -190,11 +190,11 @@ def test_milestones_split_the_wall_clock_into_phases():
     assert marks == {'args': 20.0, 'data': 50.0, 'model': 62.0, 'train': 70.0, 'first_step': 75.0, 'last_step': 90.0,
                      'end': 100.0}
     assert phase_seconds(marks) == [('start-up', 20.0), ('data', 30.0), ('model', 12.0), ('load', 8.0),
-                                    ('first step', 5.0), ('steps', 15.0), ('save and exit', 10.0)]
+                                    ('first logged step', 5.0), ('steps', 15.0), ('save and exit', 10.0)]
     no_data = _clocked([x for x in MS_SWIFT_LOG if 'Dataset Token Length' not in x[1]], 100.0)
     assert phase_seconds(no_data)[1:3] == [('data + model', 42.0), ('load', 8.0)]
     failed = _clocked(MS_SWIFT_LOG[:3], 30.0)  # died before its data
-    assert phase_seconds(failed) == [('start-up', 20.0), ('data + model + load + first step + steps + save and exit',
+    assert phase_seconds(failed) == [('start-up', 20.0), ('data + model + load + first logged step + steps + save and exit',
                                                           10.0)]
 
 
@@ -214,7 +214,7 @@ def test_summary_gives_each_stage_phases_and_counts_the_export(tmp_path):
     assert r1['phases']['start-up'] == pytest.approx(40.0) and r2['phases']['start-up'] == pytest.approx(20.0)
     assert sum(r1['phases'].values()) == pytest.approx(160.0)
     text = format_report([r1, r2], plan, export_seconds(out))
-    assert ('    wall clock: start-up 20.0 s, data 30.0 s, model 12.0 s, load 8.0 s, first step 5.0 s, steps 15.0 s, '
+    assert ('    wall clock: start-up 20.0 s, data 30.0 s, model 12.0 s, load 8.0 s, first logged step 5.0 s, steps 15.0 s, '
             'save and exit 10.0 s') in text
     assert 'the export not counted' in text
     record_wall_time(logs, 'export', 40.0, 0)
