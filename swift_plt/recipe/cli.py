@@ -156,7 +156,7 @@ def run(opts: Options) -> int:
     steps = plan_steps(opts, plan)
     notes, launch, export = [], None, None
     if any(s.cmd for s in steps):
-        launch = stage_launch(opts, plan)
+        launch = stage_launch(opts, plan, early=early_stage2(opts, steps, several_nodes(os.environ)))
         notes.append(launch.note)
     nodes = read_nodes(os.environ)
     if nodes.multi:
@@ -227,7 +227,7 @@ def run(opts: Options) -> int:
             if step.name == 'stage2' and early is not None:
                 rc = finish_stage(early[0], out, plan, opts, note=note, alone_from=stage1_end)
             else:
-                if step.name == 'stage1' and early_stage2(opts, steps, nodes):
+                if step.name == 'stage1' and early_stage2(opts, steps, nodes.multi):
                     early = start_stage2_early(next(s for s in steps if s.name == 'stage2'), out, plan)
                 rc = recorded(step.name, lambda step=step, since=since, note=note: run_stage(
                     step, out, plan, opts, nodes, status, since, note))
@@ -251,10 +251,18 @@ def run(opts: Options) -> int:
     return 0
 
 
-def early_stage2(opts: Options, steps: Sequence[Step], nodes: Nodes) -> bool:
+def several_nodes(environ) -> bool:
+    """NNODES > 1 (a set-up ``read_nodes`` refuses counts too: its error comes after the process count's)."""
+    try:
+        return read_nodes(environ).multi
+    except RecipeError:
+        return True
+
+
+def early_stage2(opts: Options, steps: Sequence[Step], multi: bool) -> bool:
     """Stage 2 starts beside stage 1: both run in this command, on one node, unless --stage2_start after."""
     running = {s.name for s in steps if s.cmd}
-    return opts.stage2_start == 'early' and {'stage1', 'stage2'} <= running and not nodes.multi
+    return opts.stage2_start == 'early' and {'stage1', 'stage2'} <= running and not multi
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

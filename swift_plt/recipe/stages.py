@@ -60,11 +60,12 @@ class Step:
 
 def stage_launch(opts: Options, plan: TwoStagePlan, environ: Optional[Mapping[str, str]] = None,
                  device_count: Optional[Callable[[], int]] = None,
-                 total_memory: Optional[Callable[[], Optional[int]]] = None) -> Launch:
+                 total_memory: Optional[Callable[[], Optional[int]]] = None, early: bool = False) -> Launch:
     """The stages' process count and micro batches: the user's NPROC_PER_NODE / NNODES, else the visible GPUs (1
     without any), lowered only where a stage's global batch does not split over the data-parallel ranks even at
     micro batch 1 (elsewhere the stage gets a smaller micro batch); RecipeError before anything runs when the count
-    does not fit the batch. ``stage_micro_batches`` adds each stage's micro-batch flags."""
+    does not fit the batch. ``stage_micro_batches`` adds each stage's micro-batch flags (``early``: stage 2 will
+    wait beside stage 1, ``cli.early_stage2``)."""
     environ = os.environ if environ is None else environ
     lower = user_launch(environ) is None  # the recipe picks the count: it may lower a stage's micro batch too
 
@@ -81,14 +82,15 @@ def stage_launch(opts: Options, plan: TwoStagePlan, environ: Optional[Mapping[st
         raise RecipeError(f'{why} The stages would run {launch.note}: set NPROC_PER_NODE to a count that fits, or '
                           'change the batch flags.')
     launch.stage_args, launch.stage_notes, sized = stage_micro_batches(opts, plan, launch.world_size,
-                                                                       total_memory or gpu_memory)
+                                                                       total_memory or gpu_memory, early)
     if 'PYTORCH_CUDA_ALLOC_CONF' not in environ and sized:
         launch.stage_env[1] = dict(STAGE1_ALLOC_CONF)  # stage 1 sized to its memory: no fragmentation failure
     return launch
 
 
 def stage_micro_batches(opts: Options, plan: TwoStagePlan, world_size: Optional[int],
-                        total_memory: Callable[[], Optional[int]]) -> Tuple[Dict[int, List[str]], Dict[int, str], bool]:
+                        total_memory: Callable[[], Optional[int]],
+                        early: bool = False) -> Tuple[Dict[int, List[str]], Dict[int, str], bool]:
     """Per stage, the flags added at the end of its command and why: a micro batch lowered to what the global batch
     gives each data-parallel rank, and stage 1's micro batch and recompute from its GPU memory (``micro_batch.py``;
     not with --stage1_micro_batch keep or a --micro_batch_size / --recompute_* of --stage1_args); and whether stage 1
@@ -131,7 +133,6 @@ def stage_micro_batches(opts: Options, plan: TwoStagePlan, world_size: Optional[
         est = estimate_bytes(shape, layout1, positions, plan.patch_size, mbs[1], dp[1])
         return unsized(f'{", ".join("--" + f for f in own)} from --stage1_args (est. {gib(est)} of {gib(memory)} '
                        f'at K={plan.patch_size})')
-    early = opts.stage2_start == 'early' and opts.stage == 'all'  # cli.early_stage2, when stage 1 runs
     choice = pick_stage1_micro_batch(shape, layout1, positions, plan.patch_size, plan.stage1.global_batch_size // dp[1],
                                      dp[1], mbs[1], memory, (layout2, mbs[2], dp[2]),
                                      beside=EARLY_STAGE2_BYTES if early else 0)

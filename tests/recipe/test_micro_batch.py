@@ -134,8 +134,10 @@ def argv_1b(model, out, *extra):
 
 
 def launch_of(model, out, *extra, gpus=1, memory=80 * GIB, environ=None):
+    """The recipe's launch, with stage 2 started early where the recipe would (cli.early_stage2 on one node)."""
     opts, plan = opts_plan(argv_1b(model, out, *extra))
-    return stage_launch(opts, plan, environ or {}, lambda: gpus, lambda: memory)
+    early = cli.early_stage2(opts, plan_steps(opts, plan), multi=False)
+    return stage_launch(opts, plan, environ or {}, lambda: gpus, lambda: memory, early)
 
 
 def test_recipe_applies_the_choice_to_stage1_only(llama_1b, tmp_path):
