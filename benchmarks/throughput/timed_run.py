@@ -3,13 +3,12 @@ phases, swift_plt.recipe.phases) and its training-loop seconds (ms-swift's train
 
     python benchmarks/throughput/timed_run.py LOG OUTPUT_DIR -- megatron pt ...
 """
-import json
-import os
 import sys
 import time
 
 from swift_plt.recipe.phases import MilestoneClock, phase_seconds
 from swift_plt.recipe.process import run_logged
+from swift_plt.recipe.stage_report import train_logs, train_loop_seconds
 
 
 def main(argv):
@@ -19,12 +18,8 @@ def main(argv):
     rc = run_logged(cmd, log, on_line=clock.line)
     clock.stop()
     wall = time.time() - t
-    steps = []
-    path = os.path.join(out, 'logging.jsonl')
-    if os.path.exists(path):
-        steps = [d for d in map(json.loads, open(path, encoding='utf-8')) if 'loss' in d and 'iteration' in d]
-    train = (float(steps[-1]['train_speed(s/it)']) * int(str(steps[-1]['iteration']).split('/')[0])
-             if steps else float('nan'))
+    steps = train_logs(out)
+    train = (train_loop_seconds(steps) or (float('nan'), 0))[0] if steps else float('nan')
     phases = ', '.join(f'{k} {v:.1f} s' for k, v in phase_seconds(clock.marks()))
     print(f'TIMED rc={rc} wall {wall:.1f} s, training {train:.1f} s ({len(steps)} logged steps); {phases}', flush=True)
     return rc

@@ -66,7 +66,16 @@ def record_wall_time(logs_dir: str, name: str, seconds: float, rc: int, log_line
                             'start_iteration': start_iteration, **(settings or {})}) + '\n')
 
 
-def _train_logs(stage_dir: str) -> List[dict]:
+def read_wall_times(out: str, name: str) -> List[dict]:
+    """The invocations ``record_wall_time`` recorded for a step (stage1, stage2, export) of the run in ``out``."""
+    path = os.path.join(out, 'logs', f'{name}.time.jsonl')
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding='utf-8') as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_logs(stage_dir: str) -> List[dict]:
     """The training log dicts ms-swift wrote to ``<stage dir>/logging.jsonl`` (entries with a loss), each with its
     line number under ``_line``."""
     out = []
@@ -127,18 +136,14 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
     tokens/s (and patches/s at K>1), wall seconds of the recipe's invocations (start-up included), losses."""
     rows = []
     for stage, s in ((1, plan.stage1), (2, plan.stage2)):
-        logs = _train_logs(os.path.join(out, STAGE_DIRS[stage]))
+        logs = train_logs(os.path.join(out, STAGE_DIRS[stage]))
         # the last step is logged only if it is a multiple of --logging_steps: a complete stage ran train_iters
         done = s.train_iters if os.path.exists(os.path.join(out, STAGE_DIRS[stage], f'checkpoint-{s.train_iters}',
                                                             'latest_checkpointed_iteration.txt')) else None
         steps = done or (_iteration(logs[-1]) if logs else 0)
         tokens = steps * s.global_batch_size * s.seq_length
-        wall, invocations = None, []
-        wall_path = os.path.join(out, 'logs', f'stage{stage}.time.jsonl')
-        if os.path.exists(wall_path):
-            with open(wall_path, encoding='utf-8') as f:
-                invocations = [json.loads(line) for line in f if line.strip()]
-            wall = sum(r['seconds'] for r in invocations)
+        invocations = read_wall_times(out, f'stage{stage}')
+        wall = sum(r['seconds'] for r in invocations) if invocations else None
         timed = train_loop_seconds(logs, invocations) if logs else None
         last = invocations[-1] if invocations else {}
         # rate of the logged steps; the time of all steps at that rate (the unlogged tail is < --logging_steps)
@@ -177,11 +182,7 @@ def stage_report(out: str, plan: TwoStagePlan) -> List[dict]:
 
 def export_seconds(out: str) -> Optional[float]:
     """Wall seconds of the recipe's last export (logs/export.time.jsonl), None without one."""
-    path = os.path.join(out, 'logs', 'export.time.jsonl')
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding='utf-8') as f:
-        runs = [json.loads(line) for line in f if line.strip()]
+    runs = read_wall_times(out, 'export')
     return runs[-1]['seconds'] if runs else None
 
 
