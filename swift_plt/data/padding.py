@@ -1,4 +1,4 @@
-"""Encoded documents at patch size K: padded to a multiple of K (or of 2*CP*K under context parallel)."""
+"""Encoded documents at patch size K: text only, padded to a multiple of K (or of 2*CP*K under context parallel)."""
 from swift_plt.patch_level import IGNORE_INDEX
 from swift_plt.patch_level.layout import mask_first_patch_of_document, pad_to_multiple
 
@@ -23,3 +23,17 @@ def pad_encoded_to(encoded: dict, multiple: int, pad_token_id: int) -> dict:
         if encoded.get('length') is not None:
             encoded['length'] += n
     return encoded
+
+
+# what a multimodal template puts into an encoded sample with images, video or audio
+MEDIA_KEYS = ('pixel_values', 'pixel_values_videos', 'image_grid_thw', 'video_grid_thw', 'input_features')
+
+
+def check_text_only(encoded: dict, patch_size: int) -> None:
+    """Refuse a sample with images, video or audio at K > 1: PLT trains a multimodal checkpoint's language model on
+    text only (a patch would pool vision and text embeddings)."""
+    media = [key for key in MEDIA_KEYS if encoded.get(key) is not None]
+    if media:
+        raise ValueError(f'--patch_size {patch_size}: a sample carries {", ".join(media)} (images, video or audio); '
+                         'patch-level training trains the language model on text only. Drop the media from the '
+                         'dataset, or train this data with --patch_size 1.')

@@ -1,7 +1,7 @@
-"""The Megatron side of PLT: config, GPTModel and loader for mcore-bridge, for every `gpt` family
-(swift_plt/models/families.py) and ``llama3_2_plt``. At K > 1 ``PLTGPTModel`` pools token embeddings into patches,
-hands upstream's forward patch-level positions, masks and THD boundaries (so attention, MLA's RoPE and MoE routing run
-over patches), and returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
+"""The Megatron side of PLT: config, GPTModel and loader for mcore-bridge, for every `gpt` family, the hybrid
+Gated-DeltaNet families (swift_plt/models/families.py) and ``llama3_2_plt``. At K > 1 ``PLTGPTModel`` pools token embeddings into patches,
+hands upstream's forward patch-level positions, masks and THD boundaries (so attention, MLA's RoPE, MoE routing and
+the Gated DeltaNet's convolution and recurrence run over patches), and returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
 docs/parallel-layouts.md, families: docs/model-families.md). K=1: upstream's methods as is.
 """
 import copy
@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 from mcore_bridge.config import ModelConfig
-from mcore_bridge.model import GPTModel
+from mcore_bridge.model import GPTModel, MultimodalGPTModel
 from mcore_bridge.model.register import ModelLoader
 from megatron.core.transformer.moe.router import TopKRouter as McoreTopKRouter
 
@@ -44,7 +44,11 @@ class PLTModelConfig(ModelConfig):
                 # a window or a hash route counts tokens: at patch level it would count patches
                 'window_size (sliding-window attention)': self.window_size is not None,
                 'moe_n_hash_layers (hash routing on token ids)': bool(getattr(self, 'moe_n_hash_layers', 0)),
-                'experimental_attention_variant': self.experimental_attention_variant is not None,
+                # gated_delta_net: the hybrids' linear attention, which runs over patches (its THD boundaries too)
+                'experimental_attention_variant': self.experimental_attention_variant not in (None, 'gated_delta_net'),
+                # megatron-core 0.16's Gated DeltaNet has no context parallel (mcore-bridge asserts it for Qwen3.5)
+                'context_parallel_size > 1 with Gated DeltaNet layers': (
+                    self.experimental_attention_variant == 'gated_delta_net' and self.context_parallel_size > 1),
             }
             bad = [k for k, v in unsupported.items() if v]
             if bad:
@@ -97,8 +101,16 @@ def patch_packed_seq_params_cp(packed_seq_params, patch_size: int):
     return params
 
 
+def thd_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """The text positions of a packed row: multimodal RoPE's [3, B, S] ids give their first row (for text the three
+    rows are the text positions), [B, S] ids are themselves."""
+    return position_ids[0] if position_ids.dim() == 3 else position_ids
+
+
 class PLTGPTModel(GPTModel):
     config: PLTModelConfig
+    # True in the language model of a multimodal wrapper, which hands it the token embeddings (PLTMultimodalGPTModel)
+    pools_decoder_input = False
 
     @property
     def patch_size(self) -> int:
@@ -128,13 +140,17 @@ class PLTGPTModel(GPTModel):
                 # [S, B, H] token embeddings -> [P, B, H] patch embeddings (mean of K). Under sequence parallel the
                 # embedding is already scattered: this rank pools its S/TP consecutive tokens into its P/TP patches.
                 decoder_input = pool_patches(self.embedding(input_ids=input_ids, position_ids=position_ids), k)
+            elif self.pre_process and self.pools_decoder_input:
+                check_sequence_parallel_length(input_ids.shape[-1], k, self.config.tensor_model_parallel_size,
+                                               self.config.sequence_parallel)
+                decoder_input = pool_patches(decoder_input, k)
             position_ids = patch_position_ids(position_ids, k)
             if attention_mask is not None:
                 attention_mask = patch_attention_mask(attention_mask, k)
             if packed_seq_params is not None and self.config.context_parallel_size > 1:
                 packed_seq_params = patch_packed_seq_params_cp(packed_seq_params, k)
             elif packed_seq_params is not None:
-                packed_seq_params = patch_packed_seq_params(packed_seq_params, position_ids, k)
+                packed_seq_params = patch_packed_seq_params(packed_seq_params, thd_position_ids(position_ids), k)
         return super().forward(
             input_ids,
             position_ids,
@@ -184,8 +200,23 @@ def scale_router_losses(model, patch_size: int) -> None:
             module.config = config
 
 
-class PLTModelLoader(ModelLoader):
-    model_cls = PLTGPTModel
+class PLTLanguageModel(PLTGPTModel):
+    """The language model of ``PLTMultimodalGPTModel``: pools the token embeddings its wrapper hands it."""
+    pools_decoder_input = True
+
+
+class PLTMultimodalGPTModel(MultimodalGPTModel):
+    """A multimodal checkpoint (Qwen3.5) trained at patch level on text: the wrapper embeds the tokens as upstream
+    does (the vision tower's text-only pass included), its language model pools them. Images are refused earlier."""
+    language_model_cls = PLTLanguageModel
+
+
+class PLTLoaderMixin:
+    """Over an mcore-bridge loader: build PLT's model classes, router loss coefficients scaled by K."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model_cls = PLTMultimodalGPTModel if config.is_multimodal else PLTGPTModel
 
     def build_model(self, *args, **kwargs):
         model = super().build_model(*args, **kwargs)
@@ -193,9 +224,18 @@ class PLTModelLoader(ModelLoader):
         return model
 
 
-def plt_loader(upstream_loader):
-    """The PLT loader for a family whose mcore-bridge loader is ``upstream_loader`` (mcore-bridge's default one)."""
-    if upstream_loader is not ModelLoader:
-        raise RuntimeError(f'mcore-bridge builds the `gpt` families with {upstream_loader.__name__}, not the '
-                           'ModelLoader swift-plt was verified against (mcore-bridge 1.6.5): update swift-plt.')
-    return PLTModelLoader
+class PLTModelLoader(PLTLoaderMixin, ModelLoader):
+    model_cls = PLTGPTModel
+
+
+def plt_loader(upstream_loader, verified_loader=ModelLoader):
+    """The PLT loader for a family whose mcore-bridge loader is ``upstream_loader``, which must be the one swift-plt
+    was verified against (``verified_loader``: mcore-bridge's default, or a hybrid family's)."""
+    if upstream_loader is not verified_loader:
+        raise RuntimeError(f'mcore-bridge builds this family with {upstream_loader.__module__}.'
+                           f'{upstream_loader.__name__}, not the {verified_loader.__module__}.'
+                           f'{verified_loader.__name__} swift-plt was verified against (mcore-bridge 1.6.5): update '
+                           'swift-plt.')
+    if upstream_loader is ModelLoader:
+        return PLTModelLoader
+    return type(f'PLT{upstream_loader.__name__}', (PLTLoaderMixin, upstream_loader), {})

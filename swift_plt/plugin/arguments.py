@@ -29,7 +29,7 @@ def plt_model_refusal(args) -> Optional[str]:
     if is_critic(args):
         return f'`{args.model_type}` is a critic (value head), trained token by token. Use --patch_size 1.'
     meta = getattr(args, 'megatron_model_meta', None)
-    if meta is not None and meta.model_type not in (families.MCORE_GPT_TYPE, families.PLT_GPT_MODEL_TYPE):
+    if meta is not None and meta.model_type not in families.plt_mcore_types():
         return (f'`{args.model_type}` is built by mcore-bridge as `{meta.model_type}`, not the GPT decoder PLT wraps '
                 f'(supported: {families.supported_list()}). Use --patch_size 1.')
     config = getattr(getattr(args, 'model_info', None), 'config', None)
@@ -55,11 +55,14 @@ def resolve_patch_size(args) -> int:
 
 
 def use_plt_model_meta(args) -> None:
-    """Megatron arguments of a `gpt` family: build the model through PLT's mcore-bridge meta (``PLTGPTModel``)."""
+    """Megatron arguments of a family: build the model through PLT's mcore-bridge meta (``PLTGPTModel``)."""
     meta = getattr(args, 'megatron_model_meta', None)
-    if meta is not None and meta.model_type == families.MCORE_GPT_TYPE:
-        from swift_plt.plugin.register import plt_gpt_model_meta
-        args.megatron_model_meta = plt_gpt_model_meta()
+    if meta is not None and not meta.model_type.endswith(families.PLT_SUFFIX):
+        from swift_plt.plugin.register import plt_model_meta
+        try:
+            args.megatron_model_meta = plt_model_meta(meta.model_type)
+        except RuntimeError as e:  # upstream moved, or a loader swift-plt was not verified with
+            raise ValueError(f'--patch_size {args.patch_size}: {e}') from None
 
 
 def check_plt_supported(args, k: int) -> None:
@@ -77,6 +80,9 @@ def check_plt_supported(args, k: int) -> None:
         problems.append(f'--cp_partition_mode {args.cp_partition_mode} with --context_parallel_size > 1 (the '
                         'attention of these decoders under context parallel assumes the zigzag split; use '
                         '--cp_partition_mode zigzag, the default)')
+    hf_type = getattr(getattr(getattr(args, 'model_info', None), 'config', None), 'model_type', None)
+    if families.structure(hf_type).startswith('hybrid'):
+        problems.extend(hybrid_problems(args))
     for name in ('max_length', 'packing_length', 'seq_length'):
         value = getattr(args, name, None)
         if value and value % k:
@@ -84,6 +90,19 @@ def check_plt_supported(args, k: int) -> None:
                             f'or {value - value % k + k})')
     if problems:
         raise ValueError(f'--patch_size {k} cannot be used with: ' + '; '.join(problems) + '.')
+
+
+def hybrid_problems(args) -> list:
+    """What a Gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5) cannot do at K > 1."""
+    import os
+    problems = []
+    if (getattr(args, 'context_parallel_size', 1) or 1) > 1:
+        problems.append('--context_parallel_size > 1 (megatron-core 0.16\'s Gated DeltaNet has no context parallel, '
+                        'at any K; use tensor, pipeline or expert parallel)')
+    if os.environ.get('USE_MCORE_GDN', '1').lower() in ('0', 'false'):
+        problems.append('USE_MCORE_GDN=0 (the transformers-module Gated DeltaNet of mcore-bridge is not verified at '
+                        'patch level; unset it to use megatron-core\'s)')
+    return problems
 
 
 # HF backend (`swift pt/sft`): options with which ms-swift's HF trainer computes the loss outside the model

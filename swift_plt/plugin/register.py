@@ -1,6 +1,6 @@
 """Registration of ``llama3_2_plt`` and the critic types (``llama3_2_critic``, ``qwen3_critic``, ...) with ms-swift
-(HF side) and mcore-bridge (Megatron side), and of ``gpt_plt``, the mcore-bridge model type every `gpt` family
-trains through at K > 1. Idempotent. The plugin registers them when it activates (``register_hf``: ms-swift's model
+(HF side) and mcore-bridge (Megatron side), and of ``gpt_plt`` / ``qwen3_next_plt`` / ``qwen3_5_plt``, the mcore-bridge model
+types the families train through at K > 1. Idempotent. The plugin registers them when it activates (``register_hf``: ms-swift's model
 registry imported; ``register_megatron``: ms-swift's Megatron arguments imported), so no ``--custom_register_path``
 is needed; ``custom_model/llama.py`` (``register_all``) re-registers them harmlessly."""
 from swift_plt import PLT_MODEL_TYPE
@@ -43,16 +43,38 @@ def register_mcore() -> bool:
 def plt_gpt_model_meta():
     """mcore-bridge's meta of ``gpt_plt``: its `gpt` meta (bridge, loader) with ``PLTGPTModel`` and ``PLTModelConfig``;
     no HF model type maps to it, so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
+    from swift_plt.models.families import MCORE_GPT_TYPE
+    return plt_model_meta(MCORE_GPT_TYPE)
+
+
+def _verified_loader(mcore_type: str):
+    """The mcore-bridge loader of ``mcore_type`` swift-plt was verified against (mcore-bridge 1.6.5)."""
+    from mcore_bridge.model.register import ModelLoader
+    if mcore_type == 'gpt':
+        return ModelLoader
+    # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
+    from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextLoader
+    return Qwen3NextLoader
+
+
+def plt_model_meta(mcore_type: str):
+    """mcore-bridge's meta of ``<mcore_type>_plt`` (``gpt_plt``, ``qwen3_next_plt``, ``qwen3_5_plt``): the upstream
+    meta (bridge, vision tower, loader) with PLT's model classes and ``PLTModelConfig``; no HF model type maps to it,
+    so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
     from mcore_bridge.model.register import ModelMeta, get_model_meta, register_model
 
-    from swift_plt.models.families import MCORE_GPT_TYPE, PLT_GPT_MODEL_TYPE, check_mcore_gpt_types
+    from swift_plt.models import families
     from swift_plt.models.megatron_gpt import PLTModelConfig, plt_loader
-    meta = get_model_meta(PLT_GPT_MODEL_TYPE)
+    plt_type = families.plt_mcore_type(mcore_type)
+    meta = get_model_meta(plt_type)
     if meta is None:
-        gpt = get_model_meta(MCORE_GPT_TYPE)
-        check_mcore_gpt_types(gpt.model_types)
-        meta = ModelMeta(PLT_GPT_MODEL_TYPE, [], bridge_cls=gpt.bridge_cls, loader=plt_loader(gpt.loader),
-                         config_cls=PLTModelConfig)
+        upstream = get_model_meta(mcore_type)
+        if mcore_type == families.MCORE_GPT_TYPE:
+            families.check_mcore_gpt_types(upstream.model_types)
+        else:
+            families.check_mcore_hybrid_types(mcore_type, upstream.model_types)
+        meta = ModelMeta(plt_type, [], bridge_cls=upstream.bridge_cls, visual_cls=upstream.visual_cls,
+                         loader=plt_loader(upstream.loader, _verified_loader(mcore_type)), config_cls=PLTModelConfig)
         register_model(meta)
     return meta
 

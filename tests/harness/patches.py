@@ -102,6 +102,13 @@ PATCHES (id: upstream target -- what and why)
     ``moe.token_dispatcher``): the alltoall token dispatcher takes the EP split sizes from it with ``as_numpy=True``;
     upstream converts only CUDA tensors, so on CPU a torch tensor reached ``all_to_all_single``, which wants a
     sequence of ints (TypeError). CPU tensors asked for ``as_numpy`` are converted too, as CUDA ones are on GPUs.
+ P22 hybrid Gated-DeltaNet decoders (``hybrid``; mcore-bridge 1.6.5's default ``USE_MCORE_GDN`` path of qwen3_next /
+    qwen3_5): ``mcore_bridge.model.modules.gated_delta_net``'s fla kernels (``causal_conv1d``, ``l2norm``,
+    ``chunk_gated_delta_rule``, None without fla; megatron's ``ssm.gated_delta_net.HAVE_FLA``) become per-document torch loops over transformers' torch functions
+    (``cu_seqlens`` honoured, as fla's are); megatron-core 0.16.1's ``experimental_attention_variant_module_specs``
+    (TE-only: ``_get_backend_spec_provider``, ``_get_self_attention_module_spec``) builds on the local backend, the
+    block spec then gets P17's experts; P4 maps ``self_attention.in_proj.layer_norm_weight`` (TE's fused norm) to
+    ``input_layernorm.weight``; P13 builds ``zero_centered_gamma`` RMSNorms (``hybrid.ZeroCenteredRMSNorm``).
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -243,6 +250,7 @@ def _patch_model_register(register):
 # ---------------------------------------------------------------------------------------------------------- P4
 _TE_FUSED_NORM_KEYS = {
     'self_attention.linear_qkv.layer_norm_weight': 'input_layernorm.weight',
+    'self_attention.in_proj.layer_norm_weight': 'input_layernorm.weight',  # P22 (Gated DeltaNet)
     'mlp.linear_fc1.layer_norm_weight': 'pre_mlp_layernorm.weight',
     'linear_q_up_proj.layer_norm_weight': 'q_layernorm.weight',  # P18 (MLA; relative to self_attention)
     'linear_kv_up_proj.layer_norm_weight': 'kv_layernorm.weight',
@@ -371,19 +379,28 @@ def _patch_gpt_model(gpt_model):
 # ---------------------------------------------------------------------------------------------------------- P13
 def _patch_torch_norm(torch_norm):
     import copy
+
+    import torch
     cls = torch_norm.WrappedTorchNorm
     if getattr(cls, '_cpu_harness_patched', False):
         return
     orig = cls.__new__
 
     def __new__(klass, config, *args, **kwargs):
-        if not config.sequence_parallel:
+        zero_centered = config.layernorm_zero_centered_gamma  # P22
+        if not config.sequence_parallel and not zero_centered:
             return orig(klass, config, *args, **kwargs)
+        sequence_parallel = config.sequence_parallel
         config = copy.copy(config)
         config.sequence_parallel = False  # only to pass the constructor's refusal; the module is the same
+        config.layernorm_zero_centered_gamma = False
         norm = orig(klass, config, *args, **kwargs)
+        if zero_centered:
+            from .hybrid import ZeroCenteredRMSNorm
+            assert type(norm) is torch.nn.RMSNorm, 'CPU harness P22: zero-centered RMSNorm only'
+            norm.__class__ = ZeroCenteredRMSNorm
         for param in norm.parameters():
-            param.sequence_parallel = True  # finalize_model_grads sums these grads over TP (as for TE norms)
+            param.sequence_parallel = sequence_parallel  # finalize_model_grads sums these over TP (as for TE norms)
         return norm
 
     cls.__new__ = staticmethod(__new__)
@@ -424,6 +441,46 @@ def _patch_dot_product_attention(dpa):
 
     cls.forward = forward
     cls._cpu_harness_patched = True
+
+
+# --------------------------------------------------------------------------------------------------------- P22
+def _patch_megatron_gated_delta_net(gdn):
+    from . import hybrid
+    gdn.HAVE_FLA = True  # its constructor refuses to build without fla; the forward used is mcore-bridge's
+    gdn.l2norm, gdn.chunk_gated_delta_rule = hybrid.l2norm, hybrid.chunk_gated_delta_rule
+
+
+def _patch_gated_delta_net(gdn):
+    from . import hybrid
+    gdn.causal_conv1d, gdn.l2norm, gdn.chunk_gated_delta_rule = (hybrid.causal_conv1d, hybrid.l2norm,
+                                                                 hybrid.chunk_gated_delta_rule)
+
+
+def _patch_hybrid_specs(specs):
+    if getattr(specs, '_cpu_harness_patched', False):
+        return
+    from . import hybrid
+    orig = specs.get_transformer_block_with_experimental_attention_variant_spec
+
+    def get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=None, pp_rank=None):
+        block_spec = orig(config, vp_stage, pp_rank)
+        from .moe_mla import localize_te_specs
+        localize_te_specs(block_spec)  # P17
+        return block_spec
+
+    orig_gdn = specs.get_gated_delta_net_module_spec
+
+    def get_gated_delta_net_module_spec(config, backend=None):
+        spec = orig_gdn(config, backend)
+        spec.metainfo['fuse_input_layernorm'] = False  # in_proj has no fused norm here: a separate input norm
+        return spec
+
+    specs._get_backend_spec_provider = lambda config: hybrid.local_backend()
+    specs.get_gated_delta_net_module_spec = get_gated_delta_net_module_spec
+    specs._get_self_attention_module_spec = hybrid.local_self_attention_spec
+    specs.get_transformer_block_with_experimental_attention_variant_spec = \
+        get_transformer_block_with_experimental_attention_variant_spec
+    specs._cpu_harness_patched = True
 
 
 # --------------------------------------------------------------------------------------------------------- P15
@@ -515,6 +572,10 @@ def install():
     _imports.when_imported('megatron.core.transformer.multi_latent_attention', _patch_multi_latent_attention)  # P18
     _imports.when_imported('megatron.core.transformer.moe.moe_utils', _patch_moe_utils)  # P19, P21
     _imports.when_imported('megatron.core.transformer.moe.token_dispatcher', _patch_token_dispatcher)  # P21
+    _imports.when_imported('megatron.core.ssm.gated_delta_net', _patch_megatron_gated_delta_net)  # P22
+    _imports.when_imported('mcore_bridge.model.modules.gated_delta_net', _patch_gated_delta_net)  # P22
+    _imports.when_imported('megatron.core.models.gpt.experimental_attention_variant_module_specs',
+                           _patch_hybrid_specs)  # P22
     from .cp_attention import enable_from_env
     enable_from_env()  # SWIFT_PLT_CPU_CP_ATTENTION=zigzag|contiguous: the CPU CP attention stand-in (cp_attention.py)
 

@@ -58,11 +58,14 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False,
     if model_type == 'gpt_plt':
         from swift_plt.plugin.register import plt_gpt_model_meta
         plt_gpt_model_meta()
+    elif model_type.endswith('_plt') and model_type != 'llama3_2_plt':  # a hybrid family's PLT type
+        from swift_plt.plugin.register import plt_model_meta
+        plt_model_meta(model_type[:-len('_plt')])
     elif model_type == 'llama3_2_plt':
         from swift_plt.plugin.register import register_mcore
         assert register_mcore()
     extra = dict(extra_config or {}, calculate_per_token_loss=per_token)
-    if model_type != 'gpt':
+    if model_type.endswith('_plt'):
         extra['patch_size'] = k
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()

@@ -39,7 +39,10 @@ def apply(module):
         if k == 1:
             return upstream(args, data, vp_stage=vp_stage)
         position_ids = data['position_ids']
-        check_patch_aligned(position_ids, k)
+        check_patch_aligned(position_ids, k)  # multimodal RoPE's [3, B, S] ids too: every row patch-aligned
+        # the [B, S] text positions (a multimodal template's, beside its RoPE ids), for the label and CP layout
+        if data.get('text_position_ids') is not None:
+            position_ids = data['text_position_ids']
         cp = getattr(args, 'context_parallel_size', 1) or 1
         if cp > 1:
             patch_layout.check_cp_patch_layout(position_ids, k, cp, bool(getattr(args, 'padding_free', False)))

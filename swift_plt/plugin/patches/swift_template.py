@@ -1,4 +1,4 @@
-"""ms-swift ``Template``. ``_encode_truncated``: at K > 1 every document padded to a multiple of K (padding-free
+"""ms-swift ``Template``. ``_encode_truncated``: at K > 1 a sample with media refused, every document padded to a multiple of K (padding-free
 under CP: 2*CP*K) with its first patch -100; critic row targets encoded. ``_handle_megatron_cp`` /
 ``_get_megatron_cp_length``: CP padding 2*CP*K instead of 2*CP. ``_data_collator``: CP tail positions restart every
 2*CP*K; critic targets collated like input_ids (docs/parallel-layouts.md#context-parallel, docs/critic_training.md).
@@ -33,7 +33,7 @@ def apply(module):
     if getattr(upstream, '_swift_plt', False):
         return
     from swift_plt.critic.data import TARGET_KEYS, TOKEN_KEYS, collate_token_lists, encode_targets
-    from swift_plt.data.padding import pad_encoded, pad_encoded_to
+    from swift_plt.data.padding import check_text_only, pad_encoded, pad_encoded_to
 
     @functools.wraps(upstream)
     def _encode_truncated(self, inputs):
@@ -51,6 +51,7 @@ def apply(module):
                 pad_id = self.tokenizer.eos_token_id
             m = _plt_cp(self) if self.padding_free else 0  # padded batches: the collator pads each row
             for e in encoded if isinstance(encoded, list) else [encoded]:
+                check_text_only(e, k)
                 pad_encoded(e, k, pad_id)  # before packing; --max_length is a multiple of K, so never past it
                 if m:  # the collator's CP padding, done here so that `length` (packing's bin size) counts it
                     pad_encoded_to(e, m, pad_id)
