@@ -20,8 +20,8 @@ from swift_plt.recipe.phases import MilestoneClock
 from swift_plt.recipe.plan import TwoStagePlan, make_plan
 from swift_plt.recipe.process import LoggedRun, env_prefix, export_launch, failure_cause, flag_value, free_port
 from swift_plt.recipe.stage_report import count_lines, publish_data_report, record_wall_time, write_report
-from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, check_plan_file, exported_from, plan_steps,
-                                     stage_launch, stage_state)
+from swift_plt.recipe.stages import (EXPORT_DIR, STAGE_DIRS, Step, all_gpus_hint, check_plan_file, exported_from,
+                                     plan_steps, stage_launch, stage_state)
 
 
 def checked_plan(opts: Options) -> TwoStagePlan:
@@ -177,6 +177,9 @@ def run(opts: Options) -> int:
     for i, note in sorted(launch.stage_notes.items() if launch else ()):
         if i in running:
             print(f'swift-plt-two-stage: {note}', flush=True)
+    hint = launch and all_gpus_hint(opts, plan, launch, os.path.exists(os.path.join(out, 'plan.json')))
+    if hint:  # one line, before the steps: the flag that runs the stages on every visible GPU
+        print(f'swift-plt-two-stage: {hint}', flush=True)
     steps = plan_steps(opts, plan, launch and launch.env, export and export.env, launch and launch.stage_args,
                        launch and launch.stage_env)
     for step in steps:

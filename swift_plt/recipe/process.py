@@ -154,6 +154,7 @@ class Launch:
     stage_args: Dict[int, List[str]] = field(default_factory=dict)
     stage_notes: Dict[int, str] = field(default_factory=dict)
     stage_env: Dict[int, Dict[str, str]] = field(default_factory=dict)  # per stage: added to its environment
+    gpus: Optional[int] = None  # the visible GPUs, when the recipe picked the count (None: the user's)
 
 
 def user_launch(environ: Mapping[str, str]) -> Optional[Launch]:
@@ -182,7 +183,8 @@ def pick_launch(environ: Mapping[str, str], fits: Callable[[int], Optional[str]]
     what = f'{devices} visible GPU{"" if devices == 1 else "s"}' if devices else 'no visible GPU'
     if n < top:
         what += f'; {top} processes would not fit: {why.rstrip(".")}'
-    return Launch({'NPROC_PER_NODE': str(n)}, n, f'NPROC_PER_NODE={n} ({what}; set NPROC_PER_NODE to override)')
+    return Launch({'NPROC_PER_NODE': str(n)}, n, f'NPROC_PER_NODE={n} ({what}; set NPROC_PER_NODE to override)',
+                  gpus=devices)
 
 
 def export_launch(extra: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> Launch:

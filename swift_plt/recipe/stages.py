@@ -10,7 +10,7 @@ from swift_plt.recipe.family import model_type_flags, read_config, run_model_typ
 from swift_plt.recipe.micro_batch import (EARLY_STAGE2_BYTES, STAGE1_ALLOC_CONF, STAGE1_MICRO_BATCH, Layout, ModelShape,
                                           estimate_bytes, fitting_micro_batch, gib, pick_stage1_micro_batch)
 from swift_plt.recipe.options import Options, RecipeError, check_data_parallel, micro_batch_size
-from swift_plt.recipe.plan import TwoStagePlan
+from swift_plt.recipe.plan import TwoStagePlan, make_plan
 from swift_plt.recipe.process import (Launch, cli_executable, flag_value, gpu_count, gpu_memory, model_parallel_size,
                                       pick_launch, user_launch)
 
@@ -86,6 +86,31 @@ def stage_launch(opts: Options, plan: TwoStagePlan, environ: Optional[Mapping[st
     if 'PYTORCH_CUDA_ALLOC_CONF' not in environ and sized:
         launch.stage_env[1] = dict(STAGE1_ALLOC_CONF)  # stage 1 sized to its memory: no fragmentation failure
     return launch
+
+
+def all_gpus_hint(opts: Options, plan: TwoStagePlan, launch: Launch, resuming: bool = False) -> str:
+    """One line, when the recipe runs fewer processes than the visible GPUs because a stage's global batch does not
+    split over them: the smallest --global_batch_size above G that runs both stages on all of them, what it changes,
+    and what runs now ('' when all run, when the user set the count, or when no global batch would do: e.g. TP·PP·CP
+    does not divide the GPU count, or the budget is too small). The recipe does not change G itself: that changes the
+    optimisation. ``resuming``: OUTPUT_DIR holds this plan already (another G needs a new --output_dir)."""
+    gpus, now = launch.gpus, launch.world_size
+    if not gpus or now is None or now >= gpus:
+        return ''
+    g = plan.global_batch_size
+    for bigger in range(g + 1, g + plan.patch_size * gpus + 1):  # G = a multiple of K x the GPUs always splits
+        try:
+            other = make_plan(plan.tokens, plan.patch_size, plan.lam, seq_length=plan.seq_length,
+                              global_batch_size=bigger, stage1_batch=plan.stage1_batch)
+            check_data_parallel(opts, other, gpus, lower_micro_batch=True)
+        except ValueError:  # RecipeError too
+            continue
+        where = f' in a new --output_dir (this one holds the run at {g})' if resuming else ''
+        return (f'hint: the stages run on {now} of the {gpus} visible GPUs; --global_batch_size {bigger} (now {g}) '
+                f'runs them on all {gpus}{where}: {bigger / g:.3g}x the tokens per step, '
+                f'{other.stage1.train_iters} + {other.stage2.train_iters} steps instead of '
+                f'{plan.stage1.train_iters} + {plan.stage2.train_iters}')
+    return ''
 
 
 def stage_micro_batches(opts: Options, plan: TwoStagePlan, world_size: Optional[int],
