@@ -14,6 +14,7 @@ from mcore_bridge.model import GPTModel, MultimodalGPTModel
 from mcore_bridge.model.register import ModelLoader
 from megatron.core.transformer.moe.router import TopKRouter as McoreTopKRouter
 
+from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
 from swift_plt.patch_level.layout import (
     check_sequence_parallel_length,
     cp_patch_cu_seqlens,
@@ -39,7 +40,8 @@ class PLTModelConfig(ModelConfig):
             # The CLI already refused these (swift_plt.plugin.arguments); this guards direct API use.
             unsupported = {
                 'mtp_num_layers': bool(self.mtp_num_layers),
-                'is_multimodal': self.is_multimodal,
+                # a multimodal checkpoint trains its language model on text (families.TEXT_ONLY_MULTIMODAL)
+                'is_multimodal': self.is_multimodal and self.hf_model_type not in TEXT_ONLY_MULTIMODAL,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
                 # a window or a hash route counts tokens: at patch level it would count patches
                 'window_size (sliding-window attention)': self.window_size is not None,

@@ -80,8 +80,8 @@ def check_plt_supported(args, k: int) -> None:
         problems.append(f'--cp_partition_mode {args.cp_partition_mode} with --context_parallel_size > 1 (the '
                         'attention of these decoders under context parallel assumes the zigzag split; use '
                         '--cp_partition_mode zigzag, the default)')
-    hf_type = getattr(getattr(getattr(args, 'model_info', None), 'config', None), 'model_type', None)
-    if families.structure(hf_type).startswith('hybrid'):
+    meta = getattr(args, 'megatron_model_meta', None)  # (ms-swift has not read config.json yet at this point)
+    if meta is not None and meta.model_type in families.HYBRID_MCORE_TYPES.values():
         problems.extend(hybrid_problems(args))
     for name in ('max_length', 'packing_length', 'seq_length'):
         value = getattr(args, name, None)

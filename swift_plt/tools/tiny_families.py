@@ -9,6 +9,8 @@ from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_con
 FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
 # the structures of the other families, built on demand (tests/models/test_families_cpu.py)
 MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe')
+# the hybrid Gated-DeltaNet decoders: 3 linear-attention layers, then 1 gated full-attention layer
+HYBRID_FAMILIES: Tuple[str, ...] = ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')
 
 _COMMON: Dict[str, Any] = dict(
     hidden_size=64,
@@ -22,6 +24,9 @@ _COMMON: Dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 _MOE: Dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+_HYBRID: Dict[str, Any] = dict(num_hidden_layers=4, full_attention_interval=4, head_dim=32, partial_rotary_factor=0.25,
+                               linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                               linear_num_key_heads=2, linear_num_value_heads=4)
 
 # family -> (transformers config class, model class, config kwargs on top of _COMMON)
 _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
@@ -76,7 +81,19 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     'ernie4_5_moe': ('Ernie4_5_MoeConfig', 'Ernie4_5_MoeForCausalLM',
                      dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
                           moe_layer_start_index=1, moe_layer_end_index=-1, tie_word_embeddings=True)),
+    # --- hybrids (Gated DeltaNet: conv + gated delta rule; gated attention with partial rotary and zero-centred
+    # norms): 4 layers, the 4th full attention (full_attention_interval 4, what mcore-bridge reads) ---
+    'qwen3_next': ('Qwen3NextConfig', 'Qwen3NextForCausalLM', dict(_HYBRID, shared_expert_intermediate_size=64,
+                                                                   norm_topk_prob=True, **_MOE)),
+    # multimodal checkpoints (text_config + vision_config); the language model is what PLT trains
+    'qwen3_5': ('Qwen3_5Config', 'Qwen3_5ForConditionalGeneration', dict(_HYBRID)),
+    'qwen3_5_moe': ('Qwen3_5MoeConfig', 'Qwen3_5MoeForConditionalGeneration',
+                    dict(_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=64)),
 }
+# a vision tower of a few thousand parameters for the multimodal checkpoints (text-only at K > 1)
+_TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                    num_position_embeddings=64)
 
 
 def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int = 0, **overrides) -> str:
@@ -86,7 +103,7 @@ def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int
     import transformers
 
     if family not in _SPECS:
-        raise ValueError(f'unknown family {family!r}; one of {FAMILIES + MORE_FAMILIES}')
+        raise ValueError(f'unknown family {family!r}; one of {FAMILIES + MORE_FAMILIES + HYBRID_FAMILIES}')
     if vocab_size < 300:
         raise ValueError('vocab_size must be >= 300 (256 byte tokens + specials + merges).')
     config_cls, model_cls, extra = _SPECS[family]
@@ -95,16 +112,32 @@ def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int
     tokenizer = _train_tokenizer(vocab_size, seed, kwargs['max_position_embeddings'])
     tokenizer.save_pretrained(out_dir)
     make_tokenizer_config_portable(out_dir)
-    config = getattr(transformers, config_cls)(
-        vocab_size=vocab_size,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **kwargs)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    if model_cls.endswith('ForConditionalGeneration'):  # text_config + vision_config; media ids past the text
+        config = getattr(transformers, config_cls)(
+            text_config=dict(vocab_size=vocab_size, **ids, **kwargs), vision_config=_TINY_VISION,
+            image_token_id=vocab_size - 4, video_token_id=vocab_size - 3, vision_start_token_id=vocab_size - 2,
+            vision_end_token_id=vocab_size - 1, tie_word_embeddings=kwargs['tie_word_embeddings'])
+    else:
+        config = getattr(transformers, config_cls)(vocab_size=vocab_size, **ids, **kwargs)
     with _fork_rng(seed), hf_rope_guard():
         model = getattr(transformers, model_cls)(config).float()
         for name, buf in model.named_buffers():
             if name.endswith('e_score_correction_bias'):  # zeros at init: make the expert-bias path matter
                 buf.copy_(0.1 * torch.randn_like(buf))
     model.save_pretrained(out_dir, safe_serialization=True)
+    if 'full_attention_interval' in kwargs:  # transformers 5 keeps layer_types only; mcore-bridge reads the interval
+        _set_config_field(out_dir, 'full_attention_interval', kwargs['full_attention_interval'])
     return out_dir
+
+
+def _set_config_field(out_dir: str, name: str, value) -> None:
+    """Write ``name`` into config.json (its text_config for a multimodal checkpoint)."""
+    import json
+    path = os.path.join(out_dir, 'config.json')
+    with open(path) as f:
+        config = json.load(f)
+    config.get('text_config', config)[name] = value
+    with open(path, 'w') as f:
+        json.dump(config, f, indent=2)

@@ -101,7 +101,8 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False,
             if p.grad is not None:
                 p.grad /= (labels != -100).sum()
     if model.pre_process:
-        out['emb_grad'] = model.embedding.word_embeddings.weight.grad.clone()
+        lm = getattr(model, 'language_model', model)  # a multimodal checkpoint's language model
+        out['emb_grad'] = lm.embedding.word_embeddings.weight.grad.clone()
     if all_grads:
         with torch.no_grad():
             for p in model.parameters():
