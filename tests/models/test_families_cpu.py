@@ -6,7 +6,8 @@ import torch
 
 from harness.dist import spawn
 from harness.plt_cases import K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss
-from swift_plt.tools.tiny_families import make_tiny_family
+from swift_plt.models.families import HYBRID_MCORE_TYPES
+from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
 
 pytestmark = pytest.mark.xdist_group('families_cpu')
 
@@ -18,6 +19,12 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
+
+
+def mcore_types(family):
+    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or a hybrid's own type."""
+    stock = HYBRID_MCORE_TYPES.get(family, 'gpt')
+    return stock, stock + '_plt'
 
 
 @pytest.fixture(scope='module')
@@ -37,6 +44,8 @@ def family_dir(family_dirs, tmp_path_factory, family):
 
 
 def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
+    # a multimodal checkpoint's language model (mcore-bridge's names) = transformers' *ForCausalLM of its text config
+    grads = {n.replace('model.language_model.', 'model.'): g for n, g in grads.items()}
     grads = fuse_experts(grads) if any('.experts.' in n and n.endswith('_proj') for n in ref) else grads
     missing = sorted(set(ref) - set(grads))
     assert not missing, f'no Megatron gradient for {missing}'
@@ -44,11 +53,12 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE)
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES))
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
-    (plt1, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, 'gpt_plt')
-    (stock, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, 'gpt')
+    stock_type, plt_type = mcore_types(family)
+    (plt1, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, plt_type)
+    (stock, ) = spawn(mcore_loss, 1, hf_dir, batch, 1, stock_type)
     assert plt1['loss'] == stock['loss']
     assert torch.equal(plt1['emb_grad'], stock['emb_grad'])
 
@@ -67,12 +77,13 @@ def test_tp2_equals_one_rank(family, family_dirs, tmp_path_factory, batch):
 # ------------------------------------------------------------------------------------------------- MoE and MLA
 
 
-@pytest.mark.parametrize('family', DENSE + MOE + MORE)
+@pytest.mark.parametrize('family', DENSE + MOE + MORE + list(HYBRID_FAMILIES))
 def test_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
-    """MoE: the router sees patches on both sides; a router fed tokens (or pooled after routing) changes the loss."""
+    """MoE: the router sees patches on both sides; a router fed tokens (or pooled after routing) changes the loss.
+    Hybrids (Qwen3-Next, Qwen3.5 dense and MoE): the Gated DeltaNet's convolution and recurrence run over patches."""
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     ref_loss, ref_grads = hf_plt_reference(hf_dir, batch)
-    (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, 'gpt_plt', NO_AUX, True)
+    (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, mcore_types(family)[1], NO_AUX, True)
     print(f'{family}: PLT loss megatron {out["loss"]!r}, brute force {ref_loss!r}; {len(ref_grads)} gradients')
     assert out['loss'] == pytest.approx(ref_loss, rel=1e-5)
     assert_grads_match(out['grads'], ref_grads)
