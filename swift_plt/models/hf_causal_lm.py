@@ -81,9 +81,10 @@ class PLTCausalLM:
             return CausalLMOutputWithPast(
                 loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         # the family's load-balancing loss over the routed rows, which are patches (the patch padding mask)
-        aux_loss = aux_loss_func(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
+        router = self._router_config()
+        aux_loss = aux_loss_func(outputs.router_logits, router.num_experts, router.num_experts_per_tok, attention_mask)
         if loss is not None:
-            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+            loss = loss + router.router_aux_loss_coef * aux_loss.to(loss.device)
         return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions,
                                          router_logits=outputs.router_logits)
@@ -92,13 +93,17 @@ class PLTCausalLM:
         """The family's ``load_balancing_loss_func`` where its forward would add the router aux loss now, else None
         (kwargs: the forward's, ``output_router_logits`` set as the family's forward sets it)."""
         func = getattr(sys.modules[self.plain_class().__module__], 'load_balancing_loss_func', None)
-        if func is None or not hasattr(self, 'router_aux_loss_coef'):
+        if func is None or getattr(self._router_config(), 'router_aux_loss_coef', None) is None:
             return None
         flag = kwargs.get('output_router_logits')
         if flag is None:
-            flag = getattr(self.config, 'output_router_logits', False)
+            flag = getattr(self._router_config(), 'output_router_logits', False)
         kwargs['output_router_logits'] = flag
         return func if flag else None
+
+    def _router_config(self):
+        """The config that holds the router settings: the text config of a multimodal checkpoint, else the config."""
+        return getattr(self.config, 'text_config', self.config)
 
     def generate(self, *args, **kwargs):
         if self.patch_size > 1:
@@ -134,6 +139,17 @@ def plt_causal_lm_class(base: type) -> type:
     return _CLASSES[base]
 
 
+def causal_lm_class(config) -> type:
+    """The family's transformers class for ``config``: its ``*ForCausalLM``; for a multimodal checkpoint trained on
+    text (Qwen3.5) its ``*ForConditionalGeneration``, so the vision tower is loaded and saved as it came."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
+    if getattr(config, 'model_type', None) in TEXT_ONLY_MULTIMODAL:
+        return AutoModelForImageTextToText._model_mapping[type(config)]
+    return AutoModelForCausalLM._model_mapping[type(config)]
+
+
 def plt_auto_model_class(patch_size: int) -> type:
     """An ``auto_model_cls`` for ms-swift's model loading: the config's own ``*ForCausalLM`` as its PLT class."""
 
@@ -141,10 +157,10 @@ def plt_auto_model_class(patch_size: int) -> type:
 
         @classmethod
         def from_pretrained(cls, *args, config=None, **kwargs):
-            from transformers import AutoConfig, AutoModelForCausalLM
+            from transformers import AutoConfig
             if config is None:
                 config = AutoConfig.from_pretrained(args[0], trust_remote_code=kwargs.get('trust_remote_code', False))
-            base = AutoModelForCausalLM._model_mapping[type(config)]
+            base = causal_lm_class(config)
             config.patch_size = patch_size
             return plt_causal_lm_class(base).from_pretrained(*args, config=config, **kwargs)
 

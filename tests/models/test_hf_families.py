@@ -10,7 +10,7 @@ import torch
 from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch
 from swift_plt.tools.tiny_families import make_tiny_family
 
-FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3']
+FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'qwen3_next', 'qwen3_5', 'qwen3_5_moe']
 
 
 @pytest.fixture(scope='module')
@@ -24,12 +24,12 @@ def dirs(tmp_path_factory):
 
 
 def load(hf_dir, k, plt=True):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from swift_plt.models.hf_causal_lm import plt_auto_model_class
-    if not plt:
-        return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
+    from swift_plt.models.hf_causal_lm import causal_lm_class, plt_auto_model_class
     config = AutoConfig.from_pretrained(hf_dir)
+    if not plt:  # the family's own class (Qwen3.5: *ForConditionalGeneration, its vision tower kept)
+        return causal_lm_class(config).from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
     return plt_auto_model_class(k).from_pretrained(hf_dir, config=config, dtype=torch.float32,
                                                    attn_implementation='eager')
 
@@ -55,7 +55,9 @@ def test_k4_loss_and_every_gradient_match_patchtrain(family, dirs, batch):
     model = load(dirs[family], K)
     loss = trainer_call(model, batch).loss
     loss.backward()
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    # Qwen3.5's language model (in its *ForConditionalGeneration) = the reference's *ForCausalLM of its text config
+    grads = {n.replace('model.language_model.', 'model.'): p.grad for n, p in model.named_parameters()
+             if p.grad is not None}
     print(f'{family}: hf PLT {float(loss)!r}, brute force {ref_loss!r}, {len(ref_grads)} gradients')
     assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
     assert set(grads) == set(ref_grads)
@@ -63,7 +65,7 @@ def test_k4_loss_and_every_gradient_match_patchtrain(family, dirs, batch):
         torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=lambda m: f'{n}: {m}')
 
 
-@pytest.mark.parametrize('family', ['qwen3_moe', 'qwen2_moe'])
+@pytest.mark.parametrize('family', ['qwen3_moe', 'qwen2_moe', 'qwen3_next', 'qwen3_5_moe'])
 def test_moe_routes_patches_and_adds_its_aux_loss_over_them(family, dirs, batch):
     """The router sees B*P patch rows (not B*S tokens); aux_loss is the family's load-balancing loss over the real
     patches; the loss is the PLT loss plus router_aux_loss_coef * aux_loss, as the family's forward adds it."""
@@ -74,11 +76,12 @@ def test_moe_routes_patches_and_adds_its_aux_loss_over_them(family, dirs, batch)
     assert all(r.shape[0] == B * (S // K) for r in out.router_logits)
     patch_mask = (batch['input_ids'] != PAD).long()[:, ::K]
     func = sys.modules[type(model).plain_class().__module__].load_balancing_loss_func
-    expected = func(out.router_logits, model.num_experts, model.num_experts_per_tok, patch_mask)
+    router = getattr(model.config, 'text_config', model.config)  # Qwen3.5: the text config holds them
+    expected = func(out.router_logits, router.num_experts, router.num_experts_per_tok, patch_mask)
     torch.testing.assert_close(out.aux_loss, expected)
     plain = trainer_call(model, batch, output_router_logits=False)
-    assert float(plain.loss + model.router_aux_loss_coef * out.aux_loss) == pytest.approx(float(out.loss), rel=1e-6)
-    assert 0 < model.router_aux_loss_coef
+    assert float(plain.loss + router.router_aux_loss_coef * out.aux_loss) == pytest.approx(float(out.loss), rel=1e-6)
+    assert 0 < router.router_aux_loss_coef
 
 
 @pytest.mark.parametrize('family', ['qwen3', 'qwen3_moe', 'deepseek_v3'])
@@ -92,6 +95,20 @@ def test_saved_as_the_plain_family_model(family, dirs, tmp_path):
     assert config['architectures'] == [plain.__name__] and 'patch_size' not in config
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path)) is plain
     assert model.config.patch_size == K  # the training model keeps its K
+
+
+def test_qwen3_5_saved_as_its_conditional_generation_model_with_the_vision_tower(dirs, tmp_path):
+    """Qwen3.5 at K > 1 trains its language model on text; the checkpoint is the family's multimodal class, its vision
+    weights bit for bit the input's."""
+    from safetensors.torch import load_file
+    model = load(dirs['qwen3_5'], K)
+    model.save_pretrained(tmp_path)
+    with open(os.path.join(tmp_path, 'config.json')) as f:
+        assert json.load(f)['architectures'] == ['Qwen3_5ForConditionalGeneration']
+    before = load_file(os.path.join(dirs['qwen3_5'], 'model.safetensors'))
+    after = load_file(os.path.join(tmp_path, 'model.safetensors'))
+    visual = [n for n in before if '.visual.' in n]
+    assert visual and all(torch.equal(before[n], after[n]) for n in visual)
 
 
 def test_generate_refuses_at_k_gt_1(dirs):

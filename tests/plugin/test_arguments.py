@@ -34,8 +34,8 @@ def test_other_model_types_ignore_config_and_accept_k1():
 @pytest.mark.parametrize('kw, message', [
     (dict(model_type='gpt_oss'), r'`gpt_oss` is not supported: its sliding-window attention'),
     (dict(model_type='deepseek_v32'), r'`deepseek_v32` is not supported: DeepSeek sparse attention'),
-    (dict(model_type='qwen3_next', megatron_model_meta=SimpleNamespace(model_type='qwen3_next')),
-     r'built by mcore-bridge as `qwen3_next`, not the GPT decoder'),
+    (dict(model_type='nemotron_h', megatron_model_meta=SimpleNamespace(model_type='nemotron_h')),
+     r'built by mcore-bridge as `nemotron_h`, not the GPT decoder'),
     (dict(model_type='bert', megatron_model_meta=None), r'model type `bert` \(config.json\) has no patch-level'),
     (dict(model_type='qwen3', is_multimodal=True), r'`qwen3` is a multimodal model'),
     (dict(model_type='llama3_2_critic', megatron_model_meta=SimpleNamespace(model_type='llama3_2_critic')),
@@ -52,12 +52,44 @@ def test_gpt_families_train_at_k_gt_1_through_the_plt_model_meta(model_type, mon
     """K > 1: mcore-bridge's `gpt` meta is replaced by PLT's (PLTGPTModel); K=1 keeps upstream's meta object."""
     import swift_plt.plugin.register as register
     plt_meta = SimpleNamespace(model_type='gpt_plt')
-    monkeypatch.setattr(register, 'plt_gpt_model_meta', lambda: plt_meta)
+    monkeypatch.setattr(register, 'plt_model_meta', {'gpt': plt_meta}.__getitem__)
     args = make_args(patch_size=4, model_type=model_type)
     assert resolve_patch_size(args) == 4 and args.megatron_model_meta is plt_meta
     args = make_args(patch_size=1, model_type=model_type)
     upstream = args.megatron_model_meta
     assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
+
+
+def hybrid_args(model_type, **kw):
+    mcore = {'qwen3_next': 'qwen3_next', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5'}[model_type]
+    return make_args(model_type=model_type, megatron_model_meta=SimpleNamespace(model_type=mcore),
+                     is_multimodal=model_type != 'qwen3_next', **kw)
+
+
+@pytest.mark.parametrize('model_type', ['qwen3_next', 'qwen3_5', 'qwen3_5_moe'])
+def test_hybrid_families_train_at_k_gt_1_through_their_plt_meta(model_type, monkeypatch):
+    """The Gated-DeltaNet hybrids (Qwen3.5 a multimodal checkpoint, text-only at K > 1) get `<mcore type>_plt`."""
+    import swift_plt.plugin.register as register
+    monkeypatch.setattr(register, 'plt_model_meta', lambda t: SimpleNamespace(model_type=t + '_plt'))
+    args = hybrid_args(model_type, patch_size=4)
+    assert resolve_patch_size(args) == 4
+    assert args.megatron_model_meta.model_type == hybrid_args(model_type).megatron_model_meta.model_type + '_plt'
+    args = hybrid_args(model_type, patch_size=1)
+    upstream = args.megatron_model_meta
+    assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
+
+
+@pytest.mark.parametrize('model_type', ['qwen3_next', 'qwen3_5'])
+def test_hybrid_refusals_say_why(model_type, monkeypatch):
+    """Context parallel (megatron-core 0.16's Gated DeltaNet has none) and mcore-bridge's transformers-module GDN
+    (USE_MCORE_GDN=0) are refused at K > 1 before step 1; neither matters at K = 1."""
+    with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: --context_parallel_size > 1 '
+                       r"\(megatron-core 0.16's Gated DeltaNet has no context parallel"):
+        resolve_patch_size(hybrid_args(model_type, patch_size=4, context_parallel_size=2))
+    monkeypatch.setenv('USE_MCORE_GDN', '0')
+    with pytest.raises(ValueError, match=r'USE_MCORE_GDN=0 \(the transformers-module Gated DeltaNet'):
+        resolve_patch_size(hybrid_args(model_type, patch_size=4))
+    assert resolve_patch_size(hybrid_args(model_type, patch_size=1, context_parallel_size=2)) == 1
 
 
 @pytest.mark.parametrize('k', [0, -1, True])
