@@ -42,10 +42,11 @@ def megatron_pt(model, family, data, out_dir, *extra, env=None):
                     *CPU_MEGATRON_ARGS, *extra], env_extra=env, timeout=900)
 
 
-def test_megatron_pt_family_k1_is_stock_without_plugin(models, tmp_path_factory, data, tmp_path):
-    model = model_dir(models, tmp_path_factory, 'qwen3')
-    plt1 = megatron_pt(model, 'qwen3', data, tmp_path / 'plt', '--patch_size', '1')
-    stock = megatron_pt(model, 'qwen3', data, tmp_path / 'stock', env={'SWIFT_PLT_DISABLE': '1'})
+@pytest.mark.parametrize('family', ['qwen3', 'qwen3_next'])
+def test_megatron_pt_family_k1_is_stock_without_plugin(family, models, tmp_path_factory, data, tmp_path):
+    model = model_dir(models, tmp_path_factory, family)
+    plt1 = megatron_pt(model, family, data, tmp_path / 'plt', '--patch_size', '1')
+    stock = megatron_pt(model, family, data, tmp_path / 'stock', env={'SWIFT_PLT_DISABLE': '1'})
     assert plt1.returncode == 0 and stock.returncode == 0, (plt1.stdout[-3000:], stock.stdout[-3000:])
     assert 'PLTGPTModel' not in plt1.stdout
     keys = ('loss', 'grad_norm')
@@ -71,3 +72,33 @@ def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, t
     with open(ckpt) as f:
         config = json.load(f)
     assert config['architectures'] == ['Qwen3MoeForCausalLM'] and 'patch_size' not in config
+
+
+def test_megatron_pt_qwen3_next_patch_size_4_trains_packed(models, tmp_path_factory, data, tmp_path):
+    """The hybrid Gated-DeltaNet decoder through the stock CLI at K=4, padding-free (THD: the GDN kernels get the
+    patch-level document boundaries): built as PLTGPTModel, a finite loss at every step."""
+    model = model_dir(models, tmp_path_factory, 'qwen3_next')
+    proc = megatron_pt(model, 'qwen3_next', data, tmp_path, '--patch_size', '4', '--padding_free', 'true')
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert 'PLTGPTModel' in proc.stdout
+    losses = [d['loss'] for d in parse_logs(proc.stdout) if 'loss' in d]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+
+def test_swift_pt_qwen3_next_patch_size_4_trains_and_saves_plain_model(models, tmp_path_factory, data, tmp_path):
+    model = model_dir(models, tmp_path_factory, 'qwen3_next')
+    proc = run_cli(['swift', 'pt', '--model', model, '--model_type', 'qwen3_next', '--template', 'default',
+                    '--patch_size', '4', '--dataset', data, '--max_length', '64', '--tuner_type', 'full',
+                    '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false',
+                    '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
+                    '--logging_steps', '1', '--save_steps', '3', '--seed', '7', '--split_dataset_ratio', '0',
+                    '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
+                    '--output_dir', str(tmp_path), *CPU_SWIFT_ARGS], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert 'PLTQwen3NextForCausalLM' in proc.stdout
+    losses = [d['loss'] for d in hf_train_logs(str(tmp_path))]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    (ckpt, ) = [os.path.join(r, 'config.json') for r, _, fs in os.walk(tmp_path) if 'model.safetensors' in fs]
+    with open(ckpt) as f:
+        config = json.load(f)
+    assert config['architectures'] == ['Qwen3NextForCausalLM'] and 'patch_size' not in config

@@ -108,6 +108,20 @@ def test_template_pads_each_document_to_k(template, k):
         template.patch_size = 1
 
 
+def test_template_refuses_a_sample_with_media_at_k_gt_1(template, monkeypatch):
+    """A sample whose encoding carries images (a multimodal template's pixel_values) is refused when it is encoded
+    at K > 1, before step 1; K=1 encodes it as upstream does."""
+    encode = template._encode
+    monkeypatch.setattr(template, '_encode', lambda inputs: dict(encode(inputs), pixel_values=[[0.0]]))
+    template.patch_size = 4
+    try:
+        with pytest.raises(ValueError, match=r'--patch_size 4: a sample carries pixel_values .*text only'):
+            template.encode(ROWS[0], return_length=True)
+    finally:
+        template.patch_size = 1
+    assert template.encode(ROWS[0], return_length=True)['pixel_values'] == [[0.0]]
+
+
 def test_packed_row_of_padded_documents_is_patch_aligned(template):
     from swift_plt.patch_level.layout import check_patch_aligned
     template.patch_size = 4
