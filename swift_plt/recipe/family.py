@@ -52,11 +52,18 @@ def model_type_flags(model_type: str) -> List[str]:
 
 
 def causal_lm_class(config: dict) -> str:
-    """The family's own transformers ``*ForCausalLM`` for ``config``: transformers' AutoModelForCausalLM mapping of
-    its model_type, else its own ``architectures`` when that is a transformers class of it; ValueError otherwise."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """The family's own transformers class for ``config``: transformers' AutoModelForCausalLM mapping of its
+    model_type (for a multimodal checkpoint trained on text, Qwen3.5, its AutoModelForImageTextToText class: the export
+    keeps the vision tower), else its own ``architectures`` when that is a transformers class of it; ValueError
+    otherwise."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+    from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
     model_type = config.get('model_type')
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if model_type in TEXT_ONLY_MULTIMODAL else \
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    name = names.get(model_type)
     if name:
         return name
     own = (config.get('architectures') or [''])[0]

@@ -1,7 +1,7 @@
 """The stock CLIs with a family's own model type plus ``--patch_size`` on CPU (tests/harness): K=1 is ms-swift
 without the plugin bit for bit (`megatron pt`), `swift pt` trains the family's PLT class and saves the plain family
 model. `megatron pt --model_type <family> --patch_size 4` builds ``PLTGPTModel`` and trains at K=4: stage 1 of
-tests/recipe/test_two_stage_families.py (the recipe runs that command, qwen3 and qwen3_moe); the refusal before step 1
+tests/recipe/test_two_stage_families.py (the recipe runs that command, qwen3_moe and qwen3_next); the refusal before step 1
 of a bad --max_length: tests/plugin/test_cli_cpu.py (the argument check does not depend on the model type)."""
 import json
 import math

@@ -146,16 +146,17 @@ def test_exports_are_plain_llamas_for_plain_transformers(run, export):
     assert json.loads(proc.stdout)['class'] == 'transformers.models.llama.modeling_llama.LlamaForCausalLM'
 
 
-def _logits_worker(model_dir, pairs, input_ids):
-    """Per (mcore checkpoint, HF export): logits of the Megatron model with the checkpoint's weights (loaded by
-    ms-swift's own load_mcore_checkpoint, weights only) and of the HF export (transformers), fp32."""
+def _logits_worker(model_dir, pairs, input_ids, mcore_model_type='gpt'):
+    """Per (mcore checkpoint, HF export): logits of the Megatron model (mcore-bridge type ``mcore_model_type``) with
+    the checkpoint's weights (loaded by ms-swift's own load_mcore_checkpoint, weights only) and of the HF export
+    (transformers), fp32."""
     from types import SimpleNamespace
 
     from harness import build_mcore_model, hf_logits, mcore_logits
     from swift.megatron.utils import load_mcore_checkpoint
     results = []
     for ckpt, hf in pairs:
-        models = build_mcore_model(model_dir, load_weights=False)
+        models = build_mcore_model(model_dir, mcore_model_type=mcore_model_type, load_weights=False)
         args = SimpleNamespace(mcore_model=ckpt, tuner_type='full', finetune=True, no_load_optim=True,
                                no_load_rng=True, no_save_optim=True, no_save_rng=True, tensor_model_parallel_size=1,
                                pipeline_model_parallel_size=1, use_megatron_fsdp=False, fp16=False, bf16=False,

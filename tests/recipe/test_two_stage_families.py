@@ -1,5 +1,6 @@
-"""The two-stage recipe end to end on CPU (tests/harness) for non-Llama families: both stages with the family's own
-model type, then the export as its plain transformers class (loaded with swift-plt disabled, same logits)."""
+"""The two-stage recipe end to end on CPU (tests/harness) for non-Llama families (Qwen3-MoE; the hybrid Qwen3-Next:
+Gated DeltaNet + gated attention, MoE): both stages with the family's own model type, then the export as its plain transformers class (loaded
+with swift-plt disabled, same logits)."""
 import json
 import math
 import os
@@ -18,8 +19,9 @@ from harness.tiny import make_jsonl
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('two_stage_families')]
 
 CLASSES = {
-    'qwen3': 'transformers.models.qwen3.modeling_qwen3.Qwen3ForCausalLM',  # dense, QK-norm
     'qwen3_moe': 'transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeForCausalLM',
+    # the hybrid: Gated DeltaNet + gated attention, MoE
+    'qwen3_next': 'transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextForCausalLM',
 }
 
 
@@ -42,7 +44,7 @@ def run(request, tmp_path_factory):
     model = tiny_family(family, str(root / 'model'))
     data = make_jsonl(str(root / 'train.jsonl'), rows=64)
     out = str(root / 'out')
-    # --template: ms-swift picks none itself for a local dir of these types (several candidates); qwen3 is the first
+    # --template: ms-swift picks none itself for a local dir of these types (several candidates)
     proc = run_cli(recipe_argv(model, data, out, template='qwen3'), timeout=900)
     return {'family': family, 'out': out, 'model': model, 'proc': proc}
 
@@ -95,7 +97,10 @@ def test_export_logits_equal_the_stage2_checkpoint(run):
     assert run['proc'].returncode == 0, run['proc'].stdout[-5000:]
     ck2 = os.path.join(run['out'], 'stage2_token', 'checkpoint-3')
     ids = torch.randint(4, 512, (2, 24), generator=torch.Generator().manual_seed(0))
-    ((mg, hf), ) = spawn(_logits_worker, 1, run['model'], [(ck2, os.path.join(run['out'], 'hf'))], ids)[0]
+    from swift_plt.models.families import HYBRID_MCORE_TYPES
+    mcore_type = HYBRID_MCORE_TYPES.get(run['family'], 'gpt')
+    ((mg, hf), ) = spawn(_logits_worker, 1, run['model'], [(ck2, os.path.join(run['out'], 'hf'))], ids,
+                         mcore_type)[0]
     diff = (mg - hf).abs().max().item()
     rel = diff / hf.abs().max().item()
     print(f"{run['family']}: max abs diff {diff:.3g}, rel {rel:.3g}")
