@@ -96,6 +96,15 @@ _TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, 
                     num_position_embeddings=64)
 
 
+def unavailable(family: str):
+    """Why this transformers cannot build ``family`` (no such config class: Qwen3.5 needs transformers 5), else None."""
+    import transformers
+    config_cls = _SPECS[family][0]
+    if not hasattr(transformers, config_cls):
+        return f'transformers {transformers.__version__} has no {config_cls} (family {family})'
+    return None
+
+
 def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int = 0, **overrides) -> str:
     """Write a random-init fp32 HF causal LM of ``family`` (one of ``FAMILIES + MORE_FAMILIES``) and its BPE
     tokenizer (``<unk> <s> </s> <pad>`` = ids 0..3) to ``out_dir``; return it. ``overrides`` replace config fields."""

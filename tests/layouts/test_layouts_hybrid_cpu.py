@@ -8,7 +8,7 @@ import pytest
 
 from harness.dist import spawn
 from swift_plt.models.families import HYBRID_MCORE_TYPES
-from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
+from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family, unavailable
 from test_layouts_cpu import K, VOCAB, _loss, _step, assert_same_step, brute_force_plt_loss, make_micro_batches, pack
 
 pytestmark = pytest.mark.xdist_group('layouts_hybrid_cpu')
@@ -35,6 +35,8 @@ def runs(tmp_path_factory, batches):
     cache = {}
 
     def get(family, what):
+        if unavailable(family):  # Qwen3.5 on transformers 4.57
+            pytest.skip(unavailable(family))
         if (family, 'dir') not in cache:
             cache[family, 'dir'] = make_tiny_family(family, str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
         if what == 'dir':
@@ -101,7 +103,7 @@ def test_hybrid_tiny_dirs_have_the_published_layer_pattern(runs):
     the tiny dirs write it, and it agrees with the HF model's layer_types."""
     import json
     import os
-    for family in HYBRID_FAMILIES:
+    for family in [f for f in HYBRID_FAMILIES if not unavailable(f)]:
         with open(os.path.join(runs(family, 'dir')[0], 'config.json')) as f:
             config = json.load(f)
         text = config.get('text_config', config)

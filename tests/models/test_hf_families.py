@@ -27,10 +27,9 @@ class _Dirs(dict):
         self.factory = factory
 
     def __missing__(self, family):
-        import transformers
-        config_cls = {'qwen3_5': 'Qwen3_5Config', 'qwen3_5_moe': 'Qwen3_5MoeConfig'}.get(family)
-        if config_cls and not hasattr(transformers, config_cls):
-            pytest.skip(f'transformers {transformers.__version__} has no {config_cls}')
+        from swift_plt.tools.tiny_families import unavailable
+        if unavailable(family):
+            pytest.skip(unavailable(family))
         self[family] = make_tiny_family(family, str(self.factory.mktemp(family)), vocab_size=VOCAB)
         return self[family]
 
