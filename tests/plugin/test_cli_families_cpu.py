@@ -55,9 +55,13 @@ def test_megatron_pt_family_k1_is_stock_without_plugin(family, models, tmp_path_
     assert len(ref) == 3 and got == ref
 
 
-def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, tmp_path_factory, data, tmp_path):
-    model = model_dir(models, tmp_path_factory, 'qwen3_moe')
-    proc = run_cli(['swift', 'pt', '--model', model, '--model_type', 'qwen3_moe', '--template', 'default',
+@pytest.mark.parametrize('family, cls', [('qwen3_moe', 'Qwen3MoeForCausalLM'), ('qwen3_next', 'Qwen3NextForCausalLM')])
+def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(family, cls, models, tmp_path_factory, data,
+                                                                       tmp_path):
+    """MoE and the hybrid Gated-DeltaNet decoder (MoE) on the HF backend: the family's PLT class trains at K=4 (the
+    router aux loss over patches), the checkpoint is the plain family class."""
+    model = model_dir(models, tmp_path_factory, family)
+    proc = run_cli(['swift', 'pt', '--model', model, '--model_type', family, '--template', 'default',
                     '--patch_size', '4', '--dataset', data, '--max_length', '64', '--tuner_type', 'full',
                     '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false', '--router_aux_loss_coef',
                     '0.01', '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
@@ -65,13 +69,13 @@ def test_swift_pt_moe_family_patch_size_4_trains_and_saves_plain_model(models, t
                     '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
                     '--output_dir', str(tmp_path), *CPU_SWIFT_ARGS], timeout=900)
     assert proc.returncode == 0, proc.stdout[-5000:]
-    assert 'PLTQwen3MoeForCausalLM' in proc.stdout
+    assert 'PLT' + cls in proc.stdout
     losses = [d['loss'] for d in hf_train_logs(str(tmp_path))]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
     (ckpt, ) = [os.path.join(r, 'config.json') for r, _, fs in os.walk(tmp_path) if 'model.safetensors' in fs]
     with open(ckpt) as f:
         config = json.load(f)
-    assert config['architectures'] == ['Qwen3MoeForCausalLM'] and 'patch_size' not in config
+    assert config['architectures'] == [cls] and 'patch_size' not in config
 
 
 def test_megatron_pt_qwen3_next_patch_size_4_trains_packed(models, tmp_path_factory, data, tmp_path):
@@ -83,22 +87,3 @@ def test_megatron_pt_qwen3_next_patch_size_4_trains_packed(models, tmp_path_fact
     assert 'PLTGPTModel' in proc.stdout
     losses = [d['loss'] for d in parse_logs(proc.stdout) if 'loss' in d]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
-
-
-def test_swift_pt_qwen3_next_patch_size_4_trains_and_saves_plain_model(models, tmp_path_factory, data, tmp_path):
-    model = model_dir(models, tmp_path_factory, 'qwen3_next')
-    proc = run_cli(['swift', 'pt', '--model', model, '--model_type', 'qwen3_next', '--template', 'default',
-                    '--patch_size', '4', '--dataset', data, '--max_length', '64', '--tuner_type', 'full',
-                    '--torch_dtype', 'float32', '--fp16', 'false', '--bf16', 'false',
-                    '--per_device_train_batch_size', '2', '--learning_rate', '1e-3', '--max_steps', '3',
-                    '--logging_steps', '1', '--save_steps', '3', '--seed', '7', '--split_dataset_ratio', '0',
-                    '--dataset_num_proc', '1', '--dataloader_num_workers', '0', '--report_to', 'none',
-                    '--output_dir', str(tmp_path), *CPU_SWIFT_ARGS], timeout=900)
-    assert proc.returncode == 0, proc.stdout[-5000:]
-    assert 'PLTQwen3NextForCausalLM' in proc.stdout
-    losses = [d['loss'] for d in hf_train_logs(str(tmp_path))]
-    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
-    (ckpt, ) = [os.path.join(r, 'config.json') for r, _, fs in os.walk(tmp_path) if 'model.safetensors' in fs]
-    with open(ckpt) as f:
-        config = json.load(f)
-    assert config['architectures'] == ['Qwen3NextForCausalLM'] and 'patch_size' not in config
