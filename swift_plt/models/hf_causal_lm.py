@@ -13,6 +13,7 @@ from swift_plt.patch_level import IGNORE_INDEX
 from swift_plt.patch_level.layout import (
     check_patch_aligned,
     mask_first_patch,
+    patch_cu_seqlens,
     patch_padding_mask,
     patch_position_ids,
     pool_patches,
@@ -64,12 +65,13 @@ class PLTCausalLM:
             attention_mask = patch_padding_mask(attention_mask, k)
         num_items_in_batch = kwargs.pop('num_items_in_batch', None)
         aux_loss_func = self._aux_loss_func(kwargs)
+        patch_pos = patch_position_ids(position_ids, k)
         outputs = self.model(
             inputs_embeds=pool_patches(inputs_embeds.transpose(0, 1), k).transpose(0, 1).contiguous(),  # [B, P, H]
             attention_mask=attention_mask,
-            position_ids=patch_position_ids(position_ids, k),
+            position_ids=patch_pos,
             use_cache=False,
-            **kwargs)
+            **patch_packing_kwargs(kwargs, patch_pos, k))
         logits = self.lm_head(outputs.last_hidden_state)  # [B, P, V]: patch p predicts the tokens of patch p+1
         loss = None
         if labels is not None:
@@ -123,6 +125,19 @@ class PLTCausalLM:
         finally:
             if k is not None:
                 config.patch_size = k
+
+
+def patch_packing_kwargs(kwargs: dict, patch_pos: torch.Tensor, patch_size: int) -> dict:
+    """A packed row's varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``: ms-swift's multimodal collator passes
+    them; attention and the Gated DeltaNet read them) at patch level: the documents' patch boundaries."""
+    out = dict(kwargs)
+    for name in ('cu_seq_lens_q', 'cu_seq_lens_k'):
+        if out.get(name) is not None:
+            out[name] = patch_cu_seqlens(patch_pos).to(out[name].dtype)
+    for name in ('max_length_q', 'max_length_k'):
+        if out.get(name) is not None:
+            out[name] = -(-int(out[name]) // patch_size)
+    return out
 
 
 _CLASSES = {}

@@ -131,3 +131,26 @@ def test_generate_refuses_at_k_gt_1(dirs):
     model = load(dirs['qwen3'], K)
     with pytest.raises(NotImplementedError, match=r'does not generate token by token.*plain model \(Qwen3ForCausalLM'):
         model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2)
+
+
+def test_packed_row_varlen_kwargs_reach_the_decoder_at_patch_level(dirs):
+    """A packed row (one row, documents restarting at position 0) with the varlen kwargs ms-swift's multimodal
+    collator adds: the decoder gets the documents' patch boundaries (cu_seq_lens / K) and max lengths / K."""
+    model = load(dirs['qwen3_next'], K)
+    seen = {}
+    forward = model.model.forward
+
+    def spy(*args, **kw):
+        seen.update(kw)
+        return forward(*args, **kw)
+
+    model.model.forward = spy
+    lens = [8, 12, 4]  # tokens of three documents, each a multiple of K
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    ids = torch.randint(4, VOCAB, pos.shape, generator=torch.Generator().manual_seed(0))
+    cu = torch.tensor([0, 8, 20, 24], dtype=torch.int32)
+    model(input_ids=ids, position_ids=pos, labels=ids, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=12,
+          max_length_k=12)
+    assert seen['cu_seq_lens_q'].tolist() == seen['cu_seq_lens_k'].tolist() == [0, 2, 5, 6]
+    assert seen['cu_seq_lens_q'].dtype == torch.int32 and seen['max_length_q'] == seen['max_length_k'] == 3
+    assert seen['position_ids'].tolist() == [[0, 1, 0, 1, 2, 0]]
