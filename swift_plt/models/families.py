@@ -62,6 +62,75 @@ MCORE_GPT_TYPES_VERIFIED = ('qwen2', 'llama', 'qwen3', 'qwen2_moe', 'qwen3_moe',
                             'ernie4_5_moe', 'glm4_moe', 'glm4_moe_lite', 'gpt_oss')
 MCORE_BRIDGE_VERIFIED = 'mcore-bridge 1.6.5'
 
+# Every model type mcore-bridge 1.6.5 registers (mcore_bridge.model.register.MODEL_MAPPING; megatron-core 0.16.1),
+# classified. `gpt` and the hybrids' types are above; each other language-model type -> why PLT refuses it (its HF
+# model_type is the same name). check_mcore_types fails loudly when mcore-bridge adds or drops a type.
+_OWN_SPEC = 'mcore-bridge builds it with its own {what}; not yet verified at patch level (no CPU structure test ' \
+            'against its HF model, no GPU parity)'
+MCORE_REFUSED = {
+    'olmoe': 'OLMoE: ' + _OWN_SPEC.format(what='attention (OLMoESelfAttention: QK-norm over all heads\' channels) '
+                                                'and bridge'),
+    'glm4': 'GLM-4-0414: ' + _OWN_SPEC.format(what='layer spec (Glm4SelfAttention / Glm4MLP: RMSNorms after '
+                                                   'attention and after the MLP) and bridge'),
+    'minimax_m2': 'MiniMax-M2: ' + _OWN_SPEC.format(what='attention (QK-norm over all heads\' channels) and MoE '
+                                                         'bridge'),
+    'hy_v3': 'Hunyuan-V3: ' + _OWN_SPEC.format(what='bridge (router, expert bias and shared-MLP weights)'),
+    'bailing_moe': ('Ling/Ring 2.0 (BailingMoeV2): ' + _OWN_SPEC.format(what='bridge (fused QKV layout, expert bias)')
+                    + '; transformers has no class for it (the checkpoint\'s own modeling code)'),
+    'bailing_hybrid': ('Ling/Ring 2.5 hybrid: lightning linear attention (a decayed recurrence over tokens, '
+                       'mcore-bridge\'s LinearAttention) in all but every layer_group_size-th layer (full '
+                       'attention); not yet verified at patch level. Needed: the recurrence restarted per document over patches (as for '
+                       'Gated DeltaNet), proven against the checkpoint\'s own modeling code (transformers has no '
+                       'class for it)'),
+    'nemotron_h': ('Nemotron-H: a Mamba-2 hybrid on megatron-core\'s models.hybrid, which megatron-core 0.16.1 does '
+                   'not have (mcore-bridge 1.6.5 registers the type only with it), and Mamba\'s CUDA kernels '
+                   '(mamba_ssm, causal_conv1d); not yet verified at patch level. Needed: that megatron-core, the SSM '
+                   'state and convolution restarted per document over patches (as for Gated DeltaNet), proven '
+                   'against transformers\' NemotronHForCausalLM'),
+    'deepseek_v4': ('DeepSeek-V4: its compressed sparse attention pools fixed blocks of tokens and its indexer '
+                    '(CSAIndexer) chooses which of them each token attends to, beside sliding-window layers that '
+                    'count tokens: choices patch-level training would change (as deepseek_v32)'),
+    'glm_moe_dsa': ('GLM-MoE-DSA: DeepSeek sparse attention; its indexer chooses which tokens each token attends to, '
+                    'a choice patch-level training would change (as deepseek_v32)'),
+}
+# registered by mcore-bridge 1.6.5 only with megatron-core's models.hybrid (newer than megatron-core 0.16.1)
+MCORE_CONDITIONAL_TYPES = ('nemotron_h', 'deepseek_v41')
+# multimodal types (a vision or audio tower): refused, except qwen3_5 (text-only, HYBRID_MCORE_TYPES)
+MCORE_MULTIMODAL_TYPES = ('deepseek_v41', 'gemma4', 'gemma4_unified', 'glm4v', 'glm4v_moe', 'glm5_next', 'internvl',
+                          'internvl_chat', 'kimi_k25', 'kimi_vl', 'llama4', 'llava_onevision1_5', 'minicpmv4_6',
+                          'muse_glimmer', 'ovis2_5', 'qwen2_5_omni', 'qwen2_5_vl', 'qwen2_vl', 'qwen3_5', 'qwen3_asr',
+                          'qwen3_omni', 'qwen3_vl', 'qwen4_exp')
+MCORE_MULTIMODAL_REFUSAL = ('a multimodal model (mcore-bridge builds it with its vision or audio tower); PLT trains '
+                            'text decoders (Qwen3.5 on text only)')
+# embedding types (no HF model type maps to them; ms-swift picks them for --task_type embedding)
+MCORE_EMBEDDING_TYPES = ('qwen3_emb', )
+MCORE_EMBEDDING_REFUSAL = 'an embedding model (pooled hidden states, no next-token loss); PLT trains causal LMs'
+# language-model types: `gpt`, the hybrids' and the refused ones
+MCORE_LLM_TYPES = (MCORE_GPT_TYPE, 'qwen3_next', *MCORE_REFUSED)
+
+
+def mcore_refusal(mcore_type: Optional[str]) -> Optional[str]:
+    """Why PLT refuses mcore-bridge model type ``mcore_type`` (None: unknown here, or one PLT builds)."""
+    if mcore_type in MCORE_REFUSED:
+        return MCORE_REFUSED[mcore_type]
+    if mcore_type in MCORE_MULTIMODAL_TYPES and mcore_type not in HYBRID_MCORE_TYPES.values():
+        return MCORE_MULTIMODAL_REFUSAL
+    if mcore_type in MCORE_EMBEDDING_TYPES:
+        return MCORE_EMBEDDING_REFUSAL
+    return None
+
+
+def check_mcore_types(registered) -> None:
+    """Fail loudly when mcore-bridge registers a model type this table does not classify, or drops one it does
+    (``registered``: the keys of MODEL_MAPPING, without PLT's own ``*_plt`` and critic types)."""
+    known = set(MCORE_LLM_TYPES) | set(MCORE_MULTIMODAL_TYPES) | set(MCORE_EMBEDDING_TYPES)
+    added = sorted(set(registered) - known)
+    dropped = sorted(known - set(MCORE_CONDITIONAL_TYPES) - set(registered))
+    if added or dropped:
+        raise RuntimeError(f'mcore-bridge registers model types swift-plt does not classify ({added}) or no longer '
+                           f'registers {dropped} (swift-plt was verified against {MCORE_BRIDGE_VERIFIED}): update '
+                           f'swift_plt/models/families.py and docs/model-families.md.')
+
 
 def supported_list() -> str:
     return ', '.join(sorted(FAMILIES))
@@ -77,6 +146,8 @@ def plt_refusal(model_type: Optional[str], is_multimodal: bool = False,
         return None
     if model_type in REFUSED:
         return f'`{model_type}` is not supported: {REFUSED[model_type]}. {advice}'
+    if model_type in MCORE_REFUSED:  # the HF model_type of each is its mcore-bridge type's name
+        return f'`{model_type}` is not supported: {MCORE_REFUSED[model_type]}. {advice}'
     return (f'model type `{model_type}` (config.json) has no patch-level training; supported: {supported_list()}. '
             f'{advice}')
 

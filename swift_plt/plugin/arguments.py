@@ -30,6 +30,10 @@ def plt_model_refusal(args) -> Optional[str]:
         return f'`{args.model_type}` is a critic (value head), trained token by token. Use --patch_size 1.'
     meta = getattr(args, 'megatron_model_meta', None)
     if meta is not None and meta.model_type not in families.plt_mcore_types():
+        reason = families.mcore_refusal(meta.model_type)  # every type of mcore-bridge 1.6.5 has one
+        if reason:
+            return f'`{args.model_type}` (mcore-bridge type `{meta.model_type}`) is not supported: {reason}. ' \
+                   'Use --patch_size 1.'
         return (f'`{args.model_type}` is built by mcore-bridge as `{meta.model_type}`, not the GPT decoder PLT wraps '
                 f'(supported: {families.supported_list()}). Use --patch_size 1.')
     config = getattr(getattr(args, 'model_info', None), 'config', None)

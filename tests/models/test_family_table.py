@@ -48,3 +48,45 @@ def test_guard_fails_when_a_family_moves():
     types = [t for t in families.MCORE_GPT_TYPES_VERIFIED if t != 'qwen3_moe']
     with pytest.raises(RuntimeError, match=r"no longer builds \['qwen3_moe'\] as its `gpt` model"):
         families.check_mcore_gpt_types(types)
+
+
+def _registered_types():
+    """Every model type the installed mcore-bridge registers: HF model types and whether it has a vision tower."""
+    import mcore_bridge.model  # noqa: F401 (registers them)
+    from mcore_bridge.model.register import MODEL_MAPPING
+
+    from swift_plt.critic.families import CRITIC_FAMILIES
+    return {t: (list(m.model_types), m.visual_cls is not None) for t, m in MODEL_MAPPING.items()
+            if not t.endswith(families.PLT_SUFFIX) and t not in CRITIC_FAMILIES}
+
+
+def test_every_mcore_bridge_type_is_classified():
+    """mcore-bridge 1.6.5 on megatron-core 0.16.1 registers 33 model types; each is a language model PLT builds or
+    refuses with its reason, a multimodal model (vision/audio tower) or an embedding model. nemotron_h and
+    deepseek_v41 are registered only with megatron-core's models.hybrid (not in 0.16.1)."""
+    (registered, ) = spawn(_registered_types, 1)
+    families.check_mcore_types(registered)
+    assert len(registered) == 33
+    assert set(families.MCORE_CONDITIONAL_TYPES).isdisjoint(registered)  # megatron-core 0.16.1
+    for t, (hf_types, has_tower) in registered.items():
+        assert has_tower == (t in families.MCORE_MULTIMODAL_TYPES), t
+        if t in families.MCORE_REFUSED:  # the HF model_type is the type's name (plt_refusal keys on either)
+            assert hf_types == [t]
+        if t in families.MCORE_LLM_TYPES or t in families.MCORE_MULTIMODAL_TYPES:
+            assert (families.mcore_refusal(t) is None) == (t in families.plt_mcore_types()), t
+    assert registered['qwen3_emb'][0] == [] and families.mcore_refusal('qwen3_emb')
+    # every HF model type of a language-model type is supported or refused with a reason of its own
+    llm_hf = {h for t in families.MCORE_LLM_TYPES if t in registered for h in registered[t][0]}
+    assert llm_hf == (set(families.FAMILIES) - {'qwen3_5', 'qwen3_5_moe'}) | set(families.REFUSED) | (
+        set(families.MCORE_REFUSED) - set(families.MCORE_CONDITIONAL_TYPES))
+
+
+def test_guard_fails_when_mcore_bridge_adds_or_drops_a_type():
+    known = [*families.MCORE_LLM_TYPES, *families.MCORE_MULTIMODAL_TYPES, *families.MCORE_EMBEDDING_TYPES]
+    registered = [t for t in known if t not in families.MCORE_CONDITIONAL_TYPES]
+    families.check_mcore_types(registered)
+    families.check_mcore_types(known)  # a megatron-core with models.hybrid: nemotron_h, deepseek_v41 too
+    with pytest.raises(RuntimeError, match=r"does not classify \(\['mamba3'\]\)"):
+        families.check_mcore_types(registered + ['mamba3'])
+    with pytest.raises(RuntimeError, match=r"no longer registers \['olmoe'\]"):
+        families.check_mcore_types([t for t in registered if t != 'olmoe'])

@@ -35,7 +35,13 @@ def test_other_model_types_ignore_config_and_accept_k1():
     (dict(model_type='gpt_oss'), r'`gpt_oss` is not supported: its sliding-window attention'),
     (dict(model_type='deepseek_v32'), r'`deepseek_v32` is not supported: DeepSeek sparse attention'),
     (dict(model_type='nemotron_h', megatron_model_meta=SimpleNamespace(model_type='nemotron_h')),
-     r'built by mcore-bridge as `nemotron_h`, not the GPT decoder'),
+     r'`nemotron_h` \(mcore-bridge type `nemotron_h`\) is not supported: Nemotron-H: a Mamba-2 hybrid'),
+    (dict(model_type='qwen2_vl', megatron_model_meta=SimpleNamespace(model_type='qwen2_vl')),
+     r'`qwen2_vl` \(mcore-bridge type `qwen2_vl`\) is not supported: a multimodal model'),
+    (dict(model_type='qwen3_emb', megatron_model_meta=SimpleNamespace(model_type='qwen3_emb')),
+     r'`qwen3_emb` \(mcore-bridge type `qwen3_emb`\) is not supported: an embedding model'),
+    (dict(model_type='new_llm', megatron_model_meta=SimpleNamespace(model_type='new_llm')),
+     r'built by mcore-bridge as `new_llm`, not the GPT decoder'),  # a type mcore-bridge 1.6.5 does not have
     (dict(model_type='bert', megatron_model_meta=None), r'model type `bert` \(config.json\) has no patch-level'),
     (dict(model_type='qwen3', is_multimodal=True), r'`qwen3` is a multimodal model'),
     (dict(model_type='llama3_2_critic', megatron_model_meta=SimpleNamespace(model_type='llama3_2_critic')),
@@ -45,6 +51,40 @@ def test_unsupported_models_are_refused_at_k_gt_1(kw, message):
     with pytest.raises(ValueError, match=r'--patch_size 4: .*' + message + r'.*Use --patch_size 1'):
         resolve_patch_size(make_args(patch_size=4, **kw))
     assert resolve_patch_size(make_args(patch_size=1, **kw)) == 1
+
+
+# each further language-model type of mcore-bridge 1.6.5 -> what its refusal names (Megatron and HF side alike)
+MCORE_REFUSED_MESSAGES = {
+    'olmoe': r'OLMoE: mcore-bridge builds it with its own attention \(OLMoESelfAttention',
+    'glm4': r'GLM-4-0414: mcore-bridge builds it with its own layer spec \(Glm4SelfAttention / Glm4MLP',
+    'minimax_m2': r'MiniMax-M2: mcore-bridge builds it with its own attention',
+    'hy_v3': r'Hunyuan-V3: mcore-bridge builds it with its own bridge',
+    'bailing_moe': r'Ling/Ring 2.0 \(BailingMoeV2\): .*transformers has no class for it',
+    'bailing_hybrid': r'lightning linear attention .* Needed: the recurrence restarted per document over patches',
+    'nemotron_h': r'Mamba-2 hybrid .*megatron-core 0.16.1 does not have .* Needed: ',
+    'deepseek_v4': r'DeepSeek-V4: its compressed sparse attention .*indexer \(CSAIndexer\)',
+    'glm_moe_dsa': r'GLM-MoE-DSA: DeepSeek sparse attention; its indexer chooses which tokens',
+}
+
+
+def test_every_refused_mcore_type_has_a_message_here():
+    from swift_plt.models import families
+    assert set(MCORE_REFUSED_MESSAGES) == set(families.MCORE_REFUSED)
+
+
+@pytest.mark.parametrize('mcore_type', sorted(MCORE_REFUSED_MESSAGES))
+def test_further_mcore_bridge_llm_types_are_refused_with_their_reason(mcore_type):
+    """Megatron (`megatron pt`: mcore-bridge's meta of the type) and HF (`swift pt`: config.json's model_type) sides
+    name the family's reason, not the generic line; K=1 is untouched."""
+    message = MCORE_REFUSED_MESSAGES[mcore_type]
+    megatron = dict(model_type=mcore_type, megatron_model_meta=SimpleNamespace(model_type=mcore_type))
+    with pytest.raises(ValueError, match=rf'--patch_size 4: `{mcore_type}` \(mcore-bridge type `{mcore_type}`\) is '
+                       rf'not supported: .*{message}.*Use --patch_size 1\.$'):
+        resolve_patch_size(make_args(patch_size=4, **megatron))
+    with pytest.raises(ValueError, match=rf'--patch_size 4: `{mcore_type}` is not supported: .*{message}.*Use '
+                       r'--patch_size 1\.$'):
+        resolve_patch_size_hf(make_hf_args(patch_size=4, model_type=mcore_type), 'train')
+    assert resolve_patch_size(make_args(patch_size=1, **megatron)) == 1
 
 
 @pytest.mark.parametrize('model_type', ['llama', 'qwen2', 'qwen3', 'qwen3_moe', 'deepseek_v3', 'kimi_k2'])
