@@ -71,7 +71,7 @@ class PLTCausalLM:
             attention_mask=attention_mask,
             position_ids=patch_pos,
             use_cache=False,
-            **patch_packing_kwargs(kwargs, patch_pos, k))
+            **patch_packing_kwargs(kwargs, patch_pos, k, self._has_linear_attention()))
         logits = self.lm_head(outputs.last_hidden_state)  # [B, P, V]: patch p predicts the tokens of patch p+1
         loss = None
         if labels is not None:
@@ -103,6 +103,10 @@ class PLTCausalLM:
         kwargs['output_router_logits'] = flag
         return func if flag else None
 
+    def _has_linear_attention(self) -> bool:
+        """Gated-DeltaNet layers (Qwen3-Next, Qwen3.5): ``linear_attention`` in the text config's layer types."""
+        return 'linear_attention' in (getattr(self._router_config(), 'layer_types', None) or ())
+
     def _router_config(self):
         """The config that holds the router settings: the text config of a multimodal checkpoint, else the config."""
         return getattr(self.config, 'text_config', self.config)
@@ -127,10 +131,18 @@ class PLTCausalLM:
                 config.patch_size = k
 
 
-def patch_packing_kwargs(kwargs: dict, patch_pos: torch.Tensor, patch_size: int) -> dict:
+def patch_packing_kwargs(kwargs: dict, patch_pos: torch.Tensor, patch_size: int, linear_attention=False) -> dict:
     """A packed row's varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``: ms-swift's multimodal collator passes
-    them; attention and the Gated DeltaNet read them) at patch level: the documents' patch boundaries."""
+    them; attention and the Gated DeltaNet read them) at patch level: the documents' patch boundaries. A model with
+    linear-attention layers gets them for any packed row: without them transformers' Gated DeltaNet runs its
+    convolution and recurrence across the row's documents (attention finds them from the positions)."""
     out = dict(kwargs)
+    if linear_attention and out.get('cu_seq_lens_q') is None and patch_pos.shape[0] == 1 and \
+            int((patch_pos == 0).sum()) > 1:
+        cu = patch_cu_seqlens(patch_pos)
+        longest = int((cu[1:] - cu[:-1]).max())
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+        return out
     for name in ('cu_seq_lens_q', 'cu_seq_lens_k'):
         if out.get(name) is not None:
             out[name] = patch_cu_seqlens(patch_pos).to(out[name].dtype)

@@ -154,3 +154,22 @@ def test_packed_row_varlen_kwargs_reach_the_decoder_at_patch_level(dirs):
     assert seen['cu_seq_lens_q'].tolist() == seen['cu_seq_lens_k'].tolist() == [0, 2, 5, 6]
     assert seen['cu_seq_lens_q'].dtype == torch.int32 and seen['max_length_q'] == seen['max_length_k'] == 3
     assert seen['position_ids'].tolist() == [[0, 1, 0, 1, 2, 0]]
+
+
+def test_packed_row_of_a_hybrid_gets_its_patch_boundaries(dirs):
+    """A packed row without varlen kwargs (ms-swift's text collator gives positions only): the hybrid's decoder is
+    handed the documents' patch boundaries, so its Gated DeltaNet does not run across them; a dense family gets
+    nothing it did not get before."""
+    lens = [8, 12, 4]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    ids = torch.randint(4, VOCAB, pos.shape, generator=torch.Generator().manual_seed(0))
+    for family, expected in (('qwen3_next', [0, 2, 5, 6]), ('qwen3', None)):
+        model = load(dirs[family], K)
+        seen = {}
+        forward = model.model.forward
+        model.model.forward = lambda *a, **kw: (seen.update(kw), forward(*a, **kw))[1]
+        model(input_ids=ids, position_ids=pos, labels=ids)
+        got = seen.get('cu_seq_lens_q')
+        assert (got.tolist() if got is not None else None) == expected, family
+        if expected:
+            assert seen['max_length_q'] == 3 and seen['cu_seq_lens_k'].tolist() == expected
