@@ -2,8 +2,9 @@
 swift_plt.plugin.register (ms-swift and mcore-bridge). Imports no torch.
 
 A critic is the family's own decoder with a ``[1, H]`` value head; its HF format is the family's transformers
-``*ForTokenClassification`` with ``num_labels=1``. A family qualifies when mcore-bridge builds it as a ``gpt`` model
-and the installed transformers has a ``*ForTokenClassification`` for its ``model_type`` (checked when a checkpoint
+``*ForTokenClassification`` with ``num_labels=1``. A family qualifies when mcore-bridge builds it with a loader and
+bridge the critic was verified against (``gpt``, or the hybrid ``qwen3_next``: swift_plt.critic.model) and the
+installed transformers has a ``*ForTokenClassification`` for its ``model_type`` (checked when a checkpoint
 is loaded: ``swift_plt.critic.keys.token_classification_class``).
 """
 import difflib
@@ -16,6 +17,7 @@ class CriticFamily(NamedTuple):
     hf_model_type: str  # config.json `model_type` of the family's checkpoints
     template: str  # ms-swift's default template of the family
     model_arch: Optional[str]  # ms-swift's ModelArch of the family (None: as ms-swift registers it)
+    mcore_type: str = 'gpt'  # mcore-bridge's model type of the family (its loader and bridge; swift_plt.critic.model)
 
 
 CRITIC_FAMILIES = {
@@ -25,6 +27,18 @@ CRITIC_FAMILIES = {
     'qwen3_critic': CriticFamily('qwen3', 'qwen3', 'llama'),
     'qwen3_moe_critic': CriticFamily('qwen3_moe', 'qwen3', None),
     'deepseek_v3_critic': CriticFamily('deepseek_v3', 'deepseek_v2_5', 'deepseek_v2'),
+    # the hybrid Gated-DeltaNet decoder: mcore-bridge's own `qwen3_next` loader and bridge; ms-swift's first template
+    'qwen3_next_critic': CriticFamily('qwen3_next', 'qwen3_nothinking', None, 'qwen3_next'),
+    # multimodal checkpoint (Qwen3_5ForConditionalGeneration): the critic keeps the vision tower as it came and puts
+    # the head on the language model; HF format Qwen3_5ForTokenClassification over the whole (multimodal) config
+    'qwen3_5_critic': CriticFamily('qwen3_5', 'qwen3_5', 'qwen2_vl', 'qwen3_5'),
+}
+# critic types that are asked for but have no critic, and why (refused by name: unknown_critic_refusal)
+NO_CRITIC = {
+    'qwen3_5_moe_critic': ('Qwen3.5-MoE (`qwen3_5_moe`) has no critic: transformers has no '
+                           'Qwen3_5MoeForTokenClassification (5.19), so a value model of it has no HF format to load '
+                           'or export. Use a dense Qwen3.5 critic (--model_type qwen3_5_critic on a `qwen3_5` '
+                           'checkpoint) or qwen3_next_critic / qwen3_moe_critic.'),
 }
 CRITIC_REQUIRES = ['transformers>=4.43']
 
@@ -60,6 +74,9 @@ def unknown_critic_refusal(model_type: Optional[str]) -> Optional[str]:
     if not isinstance(model_type, str) or model_type in CRITIC_FAMILIES:
         return None
     name = model_type.strip().lower().replace('-', '_')
+    if name in NO_CRITIC:
+        return f'--model_type {model_type}: {NO_CRITIC[name]}'
+
     close = difflib.get_close_matches(name, list(CRITIC_FAMILIES), n=1, cutoff=0.8)
     if 'critic' not in name and not close:
         return None

@@ -45,6 +45,13 @@ def _cfg(config, name, default=None):
     return default if value is None else value
 
 
+def text_field(config, name):
+    """A decoder field of an HF config (object or dict): top level, else its ``text_config`` (a multimodal
+    checkpoint, e.g. Qwen3.5)."""
+    value = _cfg(config, name)
+    return _cfg(_cfg(config, 'text_config', {}), name) if value is None else value
+
+
 def config_dict(config) -> dict:
     """An HF config (object or config.json dict) as a dict with its ``model_type`` (default: llama)."""
     config = dict(config) if isinstance(config, dict) else config.to_dict()
@@ -124,7 +131,7 @@ def check_critic_keys(shapes: Dict[str, Sequence[int]], hf_config, source: str =
     shapes = {k: tuple(v) for k, v in shapes.items()
               if not k.endswith(IGNORED_SUFFIXES) and not any(p.search(k) for p in ignored)}
     expected = trunk_shapes(hf_config)
-    hidden, vocab = int(_cfg(hf_config, 'hidden_size')), int(_cfg(hf_config, 'vocab_size'))
+    hidden, vocab = int(text_field(hf_config, 'hidden_size')), int(text_field(hf_config, 'vocab_size'))
     problems: List[str] = []
     missing = set(expected) - set(shapes)
     if missing:
@@ -197,9 +204,12 @@ def check_head_bias(bias, source: str = 'checkpoint') -> None:
 
 
 def mcore_checkpoint_head_shape(checkpoint_dir: str):
-    """Global shape of ``output_layer.weight`` in a torch_dist mcore checkpoint dir (``iter_XXXXXXX``), or None."""
+    """Global shape of ``output_layer.weight`` (``language_model.output_layer.weight``) in a torch_dist mcore
+    checkpoint dir (``iter_XXXXXXX``), or None."""
     from torch.distributed.checkpoint import FileSystemReader
-    meta = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata.get('output_layer.weight')
+    metadata = FileSystemReader(checkpoint_dir).read_metadata().state_dict_metadata
+    # a multimodal checkpoint's (Qwen3.5) head is its language model's
+    meta = metadata.get('output_layer.weight') or metadata.get('language_model.output_layer.weight')
     return None if meta is None else tuple(meta.size)
 
 

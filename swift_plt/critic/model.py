@@ -1,5 +1,9 @@
 """The Megatron side of the critics (``llama3_2_critic``, ``qwen3_critic``, ...: swift_plt.critic.families): config,
-GPTModel, loader and bridge for mcore-bridge, the same for every family (mcore-bridge's GPT decoder of the family).
+GPTModel, loader and bridge for mcore-bridge, the same for every family: ``critic_model_meta`` puts the critic's
+classes over the family's own mcore-bridge meta (``gpt``: ``CriticModelLoader`` / ``CriticBridge``; the hybrid
+``qwen3_next`` and the multimodal ``qwen3_5``: ``CriticLoaderMixin`` / ``CriticBridgeMixin`` over their
+``Qwen3NextLoader`` and bridge, the vision tower kept, the head on the language model: ``CriticMultimodalGPTModel``),
+and refuses to build where upstream's loader or bridge is not the one verified (``upstream_refusal``).
 
 Design: the critic reuses mcore-bridge's own sequence-classification path instead of a hand-written head.
 ``CriticModelConfig`` pins ``task_type='seq_cls'``, ``num_labels=1`` and untied embeddings, so mcore-bridge's
@@ -47,12 +51,13 @@ Not supported (refused in ``CriticModelConfig`` with a message): MTP, a checkpoi
 model type's (``families.family_refusal``), patch-level training (``--patch_size`` > 1 is refused for critics by
 swift_plt.plugin.arguments).
 """
+import functools
 from dataclasses import dataclass
 
 import torch
 from mcore_bridge.bridge import GPTBridge
 from mcore_bridge.config import ModelConfig
-from mcore_bridge.model import GPTModel
+from mcore_bridge.model import GPTModel, MultimodalGPTModel
 from mcore_bridge.model.register import ModelLoader
 from mcore_bridge.utils import get_logger, unwrap_model
 
@@ -143,13 +148,41 @@ class CriticGPTModel(GPTModel):
         return self.output_layer if self.post_process else None
 
 
-class CriticModelLoader(ModelLoader):
+class CriticMultimodalGPTModel(MultimodalGPTModel):
+    """A multimodal family's critic (Qwen3.5): the wrapper (vision tower, token embeddings) as upstream, its language
+    model a ``CriticGPTModel`` (``language_model.output_layer`` is the head)."""
+    language_model_cls = CriticGPTModel
+
+    is_critic = True
+
+    @property
+    def value_head(self):
+        return self.language_model.value_head
+
+    @property
+    def checkpoint_without_head(self):
+        return self.language_model.checkpoint_without_head
+
+    @checkpoint_without_head.setter
+    def checkpoint_without_head(self, value):
+        self.language_model.checkpoint_without_head = value
+
+
+class CriticLoaderMixin:
+    """Over an mcore-bridge loader (the `gpt` one or a hybrid family's): build the critic's model classes."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model_cls = CriticMultimodalGPTModel if config.is_multimodal else CriticGPTModel
+
+
+class CriticModelLoader(CriticLoaderMixin, ModelLoader):
     model_cls = CriticGPTModel
 
 
-class CriticBridge(GPTBridge):
-    """mcore-bridge's GPTBridge with the critic's key checks, the ``[1, H]`` head copied as is, and the zero
-    ``score.bias`` of the HF format on transformers 4.57.x."""
+class CriticBridgeMixin:
+    """Over an mcore-bridge bridge (GPTBridge or a hybrid family's): the critic's key checks, the ``[1, H]`` head
+    copied as is, and the zero ``score.bias`` of the HF format on transformers 4.57.x."""
 
     def load_weights(self, mg_models, hf_model_dir: str, peft_format: bool = False, *args, **kwargs):
         head = None
@@ -163,8 +196,8 @@ class CriticBridge(GPTBridge):
         if head == 'missing':
             models = unwrap_model(mg_models)
             for model in models if isinstance(models, list) else [models]:
-                if model.post_process:
-                    init_value_head(model.output_layer.weight)
+                if model.value_head is not None:
+                    init_value_head(model.value_head.weight)
             logger.warning(f'[swift-plt] {critic_name(self.config)}: {hf_model_dir} has no value head ({HEAD_KEY}): '
                            f'initialised the value head with {HEAD_INIT} (a causal LM: its lm_head is dropped).')
         return result
@@ -189,3 +222,77 @@ class CriticBridge(GPTBridge):
                 param.data.copy_(hf_weight)
             return
         return super()._set_weight(mg_param, hf_weight, mg_key, offset, is_expert, **kwargs)
+
+
+class CriticBridge(CriticBridgeMixin, GPTBridge):
+    """The critic's bridge for the `gpt` families (mcore-bridge's GPTBridge)."""
+
+
+def _verified_upstream(mcore_type: str):
+    """``(loader, bridge)`` of mcore-bridge 1.6.5 for ``mcore_type`` that the critic was verified against."""
+    if mcore_type == 'gpt':
+        return ModelLoader, GPTBridge
+    from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
+    if mcore_type == 'qwen3_next':
+        return Qwen3NextLoader, Qwen3NextGDNBridge
+    if mcore_type == 'qwen3_5':
+        from mcore_bridge.model.mm_gpts.qwen3_5_gdn import Qwen3_5Bridge
+        return Qwen3NextLoader, Qwen3_5Bridge
+    raise KeyError(mcore_type)
+
+
+def upstream_refusal(critic_type: str, mcore_type: str, upstream) -> str:
+    """None where mcore-bridge's meta of ``mcore_type`` (``upstream``) builds the family with the loader and bridge
+    the critic was verified against, else what differs and what to do."""
+    if upstream is None:
+        return (f'{critic_type}: mcore-bridge has no `{mcore_type}` model type (mcore-bridge 1.6.5 has; with '
+                'USE_MCORE_GDN=0 it registers the hybrids differently): unset USE_MCORE_GDN or update swift-plt.')
+    loader, bridge = _verified_upstream(mcore_type)
+    got = [(what, cls, ref) for what, cls, ref in (('loader', upstream.loader, loader),
+                                                    ('bridge', upstream.bridge_cls, bridge)) if cls is not ref]
+    if not got:
+        return None
+    differs = '; '.join(f'its {what} is {cls.__module__}.{cls.__name__}, not the {ref.__module__}.{ref.__name__}'
+                        for what, cls, ref in got)
+    return (f'{critic_type}: mcore-bridge builds `{mcore_type}` differently from what swift-plt was verified against '
+            f'(mcore-bridge 1.6.5, USE_MCORE_GDN=1): {differs}. Unset USE_MCORE_GDN or update swift-plt.')
+
+
+@functools.lru_cache(maxsize=None)
+def critic_loader(upstream_loader):
+    """The critic loader over a family's mcore-bridge loader (``CriticModelLoader`` over the default one)."""
+    if upstream_loader is ModelLoader:
+        return CriticModelLoader
+    return type(f'Critic{upstream_loader.__name__}', (CriticLoaderMixin, upstream_loader), {})
+
+
+@functools.lru_cache(maxsize=None)
+def critic_bridge(upstream_bridge):
+    """The critic bridge over a family's mcore-bridge bridge (``CriticBridge`` over GPTBridge)."""
+    if upstream_bridge is GPTBridge:
+        return CriticBridge
+    return type(f'Critic{upstream_bridge.__name__}', (CriticBridgeMixin, upstream_bridge), {})
+
+
+def refusing_loader(refusal: str):
+    """A loader that refuses to build (the family's upstream moved: ``upstream_refusal``)."""
+
+    def __init__(self, config):
+        raise RuntimeError(refusal)
+
+    return type('RefusedCriticLoader', (ModelLoader, ), {'__init__': __init__})
+
+
+def critic_model_meta(critic_type: str, mcore_type: str = 'gpt'):
+    """mcore-bridge's meta of ``critic_type`` over the family's mcore-bridge meta ``mcore_type`` (its bridge, vision
+    tower and loader, with the critic's classes and ``CriticModelConfig``); where upstream no longer builds the
+    family as verified, a meta whose loader refuses with the reason (the plugin still activates)."""
+    from mcore_bridge.model.register import ModelMeta, get_model_meta
+    upstream = get_model_meta(mcore_type)
+    refusal = upstream_refusal(critic_type, mcore_type, upstream)
+    if refusal:
+        return ModelMeta(critic_type, [critic_type], loader=refusing_loader(refusal), config_cls=CriticModelConfig,
+                         bridge_cls=CriticBridge)
+    return ModelMeta(critic_type, [critic_type], bridge_cls=critic_bridge(upstream.bridge_cls),
+                     visual_cls=upstream.visual_cls, loader=critic_loader(upstream.loader),
+                     config_cls=CriticModelConfig)

@@ -110,16 +110,14 @@ def register_critic_swift() -> None:
 def register_critic_mcore() -> bool:
     """Megatron side of every critic model type (config, GPTModel, loader, bridge); False without mcore-bridge."""
     try:
-        from mcore_bridge.model.register import ModelMeta, register_model
+        from mcore_bridge.model.register import register_model
     except ImportError:
         return False
     from swift_plt.critic.families import CRITIC_FAMILIES
-    from swift_plt.critic.model import CriticBridge, CriticModelConfig, CriticModelLoader
-    for model_type in CRITIC_FAMILIES:
-        register_model(
-            ModelMeta(model_type, [model_type], loader=CriticModelLoader, config_cls=CriticModelConfig,
-                      bridge_cls=CriticBridge),
-            exist_ok=True)
+    from swift_plt.critic.model import critic_model_meta
+    for model_type, family in CRITIC_FAMILIES.items():
+        # over the family's own mcore-bridge loader and bridge (`gpt`, or a hybrid's); refuses if upstream moved
+        register_model(critic_model_meta(model_type, family.mcore_type), exist_ok=True)
     return True
 
 

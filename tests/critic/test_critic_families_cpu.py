@@ -20,7 +20,11 @@ from swift_plt.tools.tiny_families import make_tiny_family
 pytestmark = pytest.mark.xdist_group('critic_families_cpu')
 
 B, S, VOCAB, H = 2, 12, 512, 64
-FAMILIES = ['qwen3', 'qwen3_moe']  # the Megatron-side families tested here (dense, MoE)
+# the Megatron-side families tested here: dense, MoE, hybrid Gated DeltaNet, multimodal hybrid
+FAMILIES = ['qwen3', 'qwen3_moe', 'qwen3_next', 'qwen3_5']
+CLS = {'llama': 'Llama', 'qwen2': 'Qwen2', 'qwen3': 'Qwen3', 'qwen3_moe': 'Qwen3Moe', 'qwen2_moe': 'Qwen2Moe',
+       'deepseek_v3': 'DeepseekV3', 'qwen3_next': 'Qwen3Next', 'qwen3_5': 'Qwen3_5'}
+OTHER = {'qwen3': 'qwen3_moe'}  # the other family's checkpoint each critic is shown (default: qwen3)
 ALL = [f.hf_model_type for f in CRITIC_FAMILIES.values()]
 
 
@@ -72,19 +76,23 @@ def test_trunk_keys_are_the_family_checkpoint_keys(family, family_dirs):
     assert check_critic_keys(shapes, config) == 'missing'
     assert check_critic_keys(_safetensors_shapes(critic), config) == 'loaded'
     saved = json.load(open(os.path.join(critic, 'config.json')))
-    cls = {'llama': 'Llama', 'qwen2': 'Qwen2', 'qwen3': 'Qwen3', 'qwen3_moe': 'Qwen3Moe', 'qwen2_moe': 'Qwen2Moe',
-           'deepseek_v3': 'DeepseekV3'}[family] + 'ForTokenClassification'
+    cls = CLS[family] + 'ForTokenClassification'
     assert critic_hf_config(config).architectures == saved['architectures'] == [cls]
     assert saved['id2label'] == {'0': 'LABEL_0'} and saved['tie_word_embeddings'] is False
 
 
 def test_mtp_layer_keys_ignored_like_transformers(family_dirs):
-    """DeepSeek-V3 checkpoints carry a multi-token-prediction layer (model.layers.61.*) that transformers ignores."""
+    """DeepSeek-V3 and Qwen3-Next checkpoints carry a multi-token-prediction layer (model.layers.61.*, mtp.*) that
+    transformers ignores."""
     from transformers import AutoConfig
 
     from swift_plt.critic.keys import check_critic_keys
     lm = family_dirs('deepseek_v3')
     shapes = {**_safetensors_shapes(lm), 'model.layers.61.eh_proj.weight': (H, 2 * H)}
+    assert check_critic_keys(shapes, AutoConfig.from_pretrained(lm)) == 'missing'
+    # Qwen3-Next checkpoints carry theirs as mtp.* (Qwen3NextForTokenClassification ignores ^mtp.* as the LM does)
+    lm = family_dirs('qwen3_next')
+    shapes = {**_safetensors_shapes(lm), 'mtp.fc.weight': (H, 2 * H), 'mtp.layers.0.mlp.gate.weight': (4, H)}
     assert check_critic_keys(shapes, AutoConfig.from_pretrained(lm)) == 'missing'
 
 
@@ -95,7 +103,10 @@ def test_table_and_refusals():
     from swift_plt.critic.keys import token_classification_class
     from swift_plt.plugin.arguments import plt_model_refusal
     assert set(CRITIC_FAMILIES) == {'llama3_2_critic', 'qwen2_critic', 'qwen2_moe_critic', 'qwen3_critic',
-                                    'qwen3_moe_critic', 'deepseek_v3_critic'}
+                                    'qwen3_moe_critic', 'deepseek_v3_critic', 'qwen3_next_critic', 'qwen3_5_critic'}
+    from swift_plt.critic.families import unknown_critic_refusal
+    assert 'transformers has no Qwen3_5MoeForTokenClassification' in unknown_critic_refusal('qwen3_5_moe_critic')
+    assert 'did you mean qwen3_next_critic' in unknown_critic_refusal('qwen3_next_critc')
     assert all(is_critic(SimpleNamespace(model_type=t)) for t in CRITIC_FAMILIES)
     assert not is_critic(SimpleNamespace(model_type='qwen3'))
     assert plt_model_refusal(SimpleNamespace(model_type='qwen3_moe_critic')) == (
@@ -138,10 +149,13 @@ def _family_run(critic_type, lm, critic, other_lm, input_ids, head, out_dir):
             model.config.bridge.load_weights(models, d)
         finally:
             restore()
+        lm_model = getattr(model, 'language_model', model)  # a multimodal checkpoint's (Qwen3.5) language model
         out[name] = {'out': mcore_logits(models, input_ids), 'head': model.value_head.weight.detach().clone(),
                      'warnings': warnings, 'task_type': model.config.task_type,
-                     'untied': not model.share_embeddings_and_output_weights,
-                     'moe': type(getattr(model.decoder.layers[-1].mlp, 'experts', None)).__name__}
+                     'untied': not lm_model.share_embeddings_and_output_weights,
+                     'moe': type(getattr(lm_model.decoder.layers[-1].mlp, 'experts', None)).__name__,
+                     'model': (type(model).__name__, type(model.config.model_meta.loader(model.config)).__name__,
+                               type(model.config.bridge).__name__)}
         if name == 'critic':
             model.config.bridge.save_weights(models, out_dir)
             model.config.hf_config.save_pretrained(out_dir)
@@ -180,18 +194,23 @@ def _trunk_values(lm_dir, head, input_ids):
 def test_megatron_critic_matches_hf_and_round_trips(family, family_dirs, input_ids, tmp_path):
     critic_type = critic_for(family)
     lm, critic = family_dirs(family), family_dirs(family, critic=True)
-    other = family_dirs('qwen3_moe' if family == 'qwen3' else 'qwen3')
+    other_family = OTHER.get(family, 'qwen3')
+    other = family_dirs(other_family)
     head = torch.randn(1, H, generator=torch.Generator().manual_seed(5))
     out_dir = str(tmp_path / 'export')
     (r, ) = spawn(_family_run, 1, critic_type, lm, critic, other, input_ids, head, out_dir)
     cls_name, ref, ref_head = _hf_critic_values(critic, input_ids)
-    assert cls_name == {'qwen3': 'Qwen3ForTokenClassification', 'qwen3_moe': 'Qwen3MoeForTokenClassification'}[family]
+    assert cls_name == CLS[family] + 'ForTokenClassification'
     got = r['critic']
     assert got['task_type'] == 'seq_cls' and got['untied'] and not got['warnings']
-    assert got['moe'] == ('TEGroupedMLP' if family == 'qwen3_moe' else 'NoneType')
+    assert got['moe'] == ('NoneType' if family in ('qwen3', 'qwen3_5') else 'TEGroupedMLP'), got['moe']
+    assert got['model'] == {'qwen3_next': ('CriticGPTModel', 'CriticQwen3NextLoader', 'CriticQwen3NextGDNBridge'),
+                            'qwen3_5': ('CriticMultimodalGPTModel', 'CriticQwen3NextLoader', 'CriticQwen3_5Bridge')
+                            }.get(family, ('CriticGPTModel', 'CriticModelLoader', 'CriticBridge')), got['model']
     assert torch.equal(got['head'], ref_head)  # loaded bit-exact: the 7.0 sentinel is gone
     assert got['out'].shape == (B, S, 1) and _rel(got['out'], ref) <= 1e-5, _rel(got['out'], ref)
-    print(f'{family}: critic values max rel |mcore - HF| = {_rel(got["out"], ref):.3g}')
+    print(f'{family}: critic values max rel |mcore - HF| = {_rel(got["out"], ref):.3g}, '
+          f'max abs {float((got["out"] - ref).abs().max()):.3g} (|HF| max {float(ref.abs().max()):.3g})')
     # export: every tensor bit for bit, and plain transformers gives the Megatron values
     src, exported = load_file(os.path.join(critic, 'model.safetensors')), load_file(os.path.join(out_dir,
                                                                                                  'model.safetensors'))
@@ -206,7 +225,7 @@ def test_megatron_critic_matches_hf_and_round_trips(family, family_dirs, input_i
         from_lm['warnings'][0]
     ref_lm = _trunk_values(lm, head, input_ids)
     assert _rel(from_lm['out_with_head'], ref_lm) <= 1e-5, _rel(from_lm['out_with_head'], ref_lm)
-    other_type = critic_for('qwen3_moe' if family == 'qwen3' else 'qwen3')
+    other_type = critic_for(other_family)
     assert f'--model_type {critic_type} is for `{family}` checkpoints' in r['other'] and \
         f'use --model_type {other_type}' in r['other'], r['other']
 
@@ -254,7 +273,7 @@ def _source(fmt, sd, head):
 
 
 @pytest.mark.parametrize('family, fmt', [('qwen3', 'trl'), ('qwen3', 'openrlhf'), ('qwen3', 'verl'),
-                                         ('qwen3_moe', 'verl')])
+                                         ('qwen3_moe', 'verl'), ('qwen3_next', 'trl')])
 def test_converters_on_family_trunk(family, fmt, family_dirs, input_ids, tmp_path):
     """TRL / OpenRLHF / verl critics on a qwen3 (qwen3_moe) trunk -> the family's ForTokenClassification: every
     trunk tensor unchanged, the head moved, plain transformers loads it with the brute-force trunk . head values."""
@@ -273,7 +292,7 @@ def test_converters_on_family_trunk(family, fmt, family_dirs, input_ids, tmp_pat
     assert set(got) == set(trunk) | {'score.weight'} | bias
     assert all(torch.equal(got[k], v) for k, v in trunk.items()) and torch.equal(got['score.weight'], head)
     cls_name, values, _ = _hf_critic_values(str(tmp_path / 'out'), input_ids)
-    assert cls_name == {'qwen3': 'Qwen3ForTokenClassification', 'qwen3_moe': 'Qwen3MoeForTokenClassification'}[family]
+    assert cls_name == CLS[family] + 'ForTokenClassification'
     ref = _trunk_values(lm, head, input_ids)
     assert _rel(values, ref) <= 1e-6, _rel(values, ref)
 
@@ -302,3 +321,44 @@ def test_megatron_sft_qwen3_critic(family_dirs, tmp_path):
     assert 'qwen3_critic' in proc.stdout and 'initialised the value head with zeros' in proc.stdout
     assert logs[0]['value_mean'] == 0.0 and all(math.isfinite(v) for v in losses)
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', ['qwen3_next', 'qwen3_5'])
+def test_swift_export_hybrid_critic_round_trip(family, family_dirs, input_ids, tmp_path):
+    """The stock `swift export` on the hybrid families' critics (bf16, as tests/critic/test_critic_cli_cpu.py for
+    Llama: a float32 export runs megatron in fp16): the HF critic dir --to_mcore (qwen3_next: with ms-swift's
+    --test_convert_precision, HF side = CriticHFLoader; Qwen3.5's precision test encodes an image it downloads, so
+    not here), then --to_hf from the distributed checkpoint alone: every tensor bit for bit (Qwen3.5: the vision
+    tower included), and plain transformers loads it (<Family>ForTokenClassification) with the source's values."""
+    import re
+
+    from harness.cli import run_cli
+    from test_critic_cli_cpu import _bf16_copy
+    critic_type = critic_for(family)
+    critic = _bf16_copy(family_dirs(family, critic=True), str(tmp_path / 'critic'))
+
+    def export(*args):
+        proc = run_cli(['swift', 'export', '--model_type', critic_type, '--torch_dtype', 'bfloat16', *args],
+                       timeout=900)
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        return proc.stdout
+
+    precision = ['--test_convert_precision', 'true'] if family == 'qwen3_next' else []
+    out = export('--model', critic, '--to_mcore', 'true', *precision, '--output_dir', str(tmp_path / 'mcore'))
+    if precision:
+        mean_diff = float(re.search(r'mean_diff \(with loss\): ([0-9.e-]+)', out).group(1))
+        print(f'{critic_type} swift export --test_convert_precision (bf16) mean_diff {mean_diff:.3g}')
+        assert mean_diff < 1e-2, mean_diff  # per-token values (|v| up to ~8), HF vs mcore, bf16 weights (0.00096)
+    assert 'no value head' not in out
+    export('--mcore_model', str(tmp_path / 'mcore'), '--to_hf', 'true', '--output_dir', str(tmp_path / 'hf'))
+    ref, got = load_file(os.path.join(critic, 'model.safetensors')), load_file(str(tmp_path / 'hf' /
+                                                                                  'model.safetensors'))
+    assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
+    assert any(k.startswith('model.visual.') for k in got) is (family == 'qwen3_5')
+    cls = CLS[family] + 'ForTokenClassification'
+    config = json.load(open(tmp_path / 'hf' / 'config.json'))
+    assert config['architectures'] == [cls] and config['id2label'] == {'0': 'LABEL_0'}
+    cls_name, values, _ = _hf_critic_values(str(tmp_path / 'hf'), input_ids)
+    _, ref_values, _ = _hf_critic_values(critic, input_ids)
+    assert cls_name == cls and torch.equal(values, ref_values)

@@ -48,10 +48,18 @@ def test_misspelt_critic_type_lists_the_critic_types(moe_dir, name, meant):
     msg = str(e.value)
     assert msg.startswith(f'--model_type {name} is unknown') and all(t in msg for t in CRITIC_FAMILIES)
     assert (f'did you mean {meant}?' in msg) if meant else 'did you mean' not in msg
-    assert len(msg) < 400 and 'qwen2_vl' not in msg  # not upstream's list of every model type
+    assert len(msg) < 500 and 'qwen2_vl' not in msg  # not upstream's list of every model type
     with pytest.raises(ValueError, match=f"model_type: '{name}' not in ") as upstream:  # without the plugin
         model_meta._get_model_info.__wrapped__(moe_dir, name, None)
     assert 'qwen2_vl' in str(upstream.value)
+
+
+def test_qwen3_5_moe_critic_refused_with_the_reason(moe_dir):
+    """Qwen3.5-MoE has no critic (no *ForTokenClassification in transformers): its critic type says so."""
+    from swift.arguments import ExportArguments
+    with pytest.raises(ValueError, match=r'--model_type qwen3_5_moe_critic: Qwen3.5-MoE \(`qwen3_5_moe`\) has no '
+                       r'critic: transformers has no Qwen3_5MoeForTokenClassification'):
+        ExportArguments(model=moe_dir, model_type='qwen3_5_moe_critic')
 
 
 @pytest.mark.parametrize('name', ['qwen3_moe_x', 'qwen3_mo', 'llama4_x'])
@@ -93,6 +101,7 @@ def test_megatron_side_registered_on_activation():
     their HF model types are their own names, none of upstream's: mcore-bridge's hf -> mcore map is unchanged for
     every other model type."""
     ((registered, upstream_hf_types), ) = spawn(_mcore_registry, 1)
-    assert registered == {t: ('PLTModelLoader' if t == 'llama3_2_plt' else 'CriticModelLoader', [t])
-                          for t in plugin_model_types()}
+    hybrid = {'qwen3_next_critic', 'qwen3_5_critic'}  # over mcore-bridge's hybrid loader (Qwen3NextLoader)
+    assert registered == {t: ('PLTModelLoader' if t == 'llama3_2_plt' else 'CriticQwen3NextLoader' if t in hybrid else
+                              'CriticModelLoader', [t]) for t in plugin_model_types()}
     assert 'qwen3_moe' in upstream_hf_types and not upstream_hf_types & set(plugin_model_types())

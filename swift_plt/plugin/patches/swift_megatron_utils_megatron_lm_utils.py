@@ -47,8 +47,8 @@ def apply(module):
             for m in critics:
                 m.checkpoint_without_head = False
         for m in critics:
-            if m.post_process:
-                init_value_head(m.output_layer.weight)
+            if m.value_head is not None:  # post_process stages (a multimodal critic: its language model's head)
+                init_value_head(m.value_head.weight)
         critic_type = getattr(args, 'model_type', 'critic')
         logger.warning(f'[swift-plt] {critic_type}: mcore checkpoint {load_dir} is a causal LM (no value head): '
                        f'initialised the value head with {HEAD_INIT} (its LM head, if any, is dropped).')
