@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `megatron pt` tokens/s of PLT on two families, 1 GPU, random init: a dense Qwen3-1.7B (published config.json) and
-# the Qwen3-30B-A3B cut to 4 layers (128 experts, top-8; tests/gpu/make_family_configs.py). Per model two runs:
+# the Qwen3-30B-A3B cut to 4 layers (128 experts, top-8; tests/gpu/make_family_configs.py); with HYBRID=NAME also a
+# Gated-DeltaNet hybrid (qwen3-next-80b-a3b-cut: 4 layers, 3 Gated DeltaNet + 1 gated attention, 128 experts,
+# top-10; label `hybrid`). Per model two runs:
 #   LABEL_stock: --model_type <family> with the plugin off (SWIFT_PLT_DISABLE=1), --max_length 2048
 #   LABEL_plt4 : --model_type <family> --patch_size 4, --max_length 8192 (the same 2048 positions per sequence)
 # in ROUNDS rounds, interleaved in one launcher: dense_stock dense_plt4 moe_stock moe_plt4, then again (A B A B per
@@ -12,10 +14,12 @@
 # of each run over the rounds. TPUT lines, $OUT/families_throughput.json.
 #
 #   bash benchmarks/throughput/families.sh           (repo root or anywhere; a GPU machine)
+#   DENSE= MOE= HYBRID=qwen3-next-80b-a3b-cut bash benchmarks/throughput/families.sh    (the hybrid alone)
 # ~4 min on an H100 (8 runs of ~20-35 s on the GPU after ~40 s of start-up; models made first if missing, ~30 s).
 # env: MODELS_DIR (make_family_configs.py's --out; the two models are made there if missing; default $TPUT_WORK/models),
-#      DENSE (qwen3-1.7b; or qwen2.5-1.5b; empty: skip), MOE (qwen3-30b-a3b-cut; empty: skip), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8),
-#      BUDGET (290 s from the start; the launcher gives no turn with less than TURN_SECS (40) left and kills
+#      DENSE (qwen3-1.7b; or qwen2.5-1.5b; empty: skip), MOE (qwen3-30b-a3b-cut; empty: skip), HYBRID (empty: skip;
+#      qwen3-next-80b-a3b-cut), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8), RUN_TIMEOUT (150 s a run may hold
+#      the GPU), BUDGET (290 s from the start; the launcher gives no turn with less than TURN_SECS (40) left and kills
 #      everything at BUDGET - 10 s), LOOKAHEAD (3), OUT (/tmp/plt_tput_families_out), TPUT_WORK
 #      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), SWIFT_PLT_GPU_ENV (sourced first),
 #      RUNS (run names, default LABEL_stock LABEL_plt4 per model; LABEL_plt1 adds the plugin at K=1), PROFILE_STEP
@@ -29,7 +33,7 @@ W=${TPUT_WORK:-/tmp/plt_tput_families}
 mkdir -p "$OUT" "$W/runs" "$W/probes"
 ROUNDS=${ROUNDS:-2} ITERS=${ITERS:-8} WARM=${WARM:-3} MBS=${MBS:-1} GBS=${GBS:-8} BUDGET=${BUDGET:-290}
 LOOKAHEAD=${LOOKAHEAD:-3} TURN_SECS=${TURN_SECS:-40}
-DENSE=${DENSE-qwen3-1.7b} MOE=${MOE-qwen3-30b-a3b-cut}
+DENSE=${DENSE-qwen3-1.7b} MOE=${MOE-qwen3-30b-a3b-cut} HYBRID=${HYBRID:-}
 MODELS_DIR=${MODELS_DIR:-$W/models}
 export SWIFT_PLT_REPORT_DOCS=${SWIFT_PLT_REPORT_DOCS:-200} # the plugin's K>1 data report: 200 documents, not all
 
@@ -45,7 +49,8 @@ fi
 missing=() FAMILY_ARGS=()
 [ -n "$DENSE" ] && FAMILY_ARGS+=(--family "dense=$MODELS_DIR/$DENSE")
 [ -n "$MOE" ] && FAMILY_ARGS+=(--family "moe=$MODELS_DIR/$MOE")
-for n in $DENSE $MOE; do
+[ -n "$HYBRID" ] && FAMILY_ARGS+=(--family "hybrid=$MODELS_DIR/$HYBRID")
+for n in $DENSE $MOE $HYBRID; do
   ls "$MODELS_DIR/$n"/*.safetensors >/dev/null 2>&1 && [ -f "$MODELS_DIR/$n/tokenizer.json" ] || missing+=("$n")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -69,6 +74,6 @@ echo "TPUT setup done after ${ELAPSED%.*} s"
 python3 benchmarks/throughput/tput_launch.py --work "$W" "${FAMILY_ARGS[@]}" --template default --data-k1 "$W/text.jsonl" --data-k4 "$W/text.jsonl" \
   --rounds "$ROUNDS" --rounds-m8 0 --mbs "$MBS" --gbs "$GBS" --iters "$ITERS" --lookahead "$LOOKAHEAD" \
   --profile-step "${PROFILE_STEP:-0}" ${RUNS:+--names "$RUNS"} \
-  --turn-secs "$TURN_SECS" --run-timeout 150 --deadline "$(python3 -c "print($T0 + $BUDGET - 10)")" \
+  --turn-secs "$TURN_SECS" --run-timeout "${RUN_TIMEOUT:-150}" --deadline "$(python3 -c "print($T0 + $BUDGET - 10)")" \
   --extra-args="${EXTRA_ARGS:-}" ${MEGATRON:+--megatron "$MEGATRON"}
 python3 benchmarks/throughput/families_summary.py "$W" --warm "$WARM" --json "$OUT/families_throughput.json"

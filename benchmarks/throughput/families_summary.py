@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Figures of families.sh: per family, tokens/s of stock K=1 and PLT K=4 per round, their ratio per round, and the
-noise floor (the spread of the same run across rounds), from the step probes and from ms-swift's own logs.
+noise floor (the spread of the same run across rounds), from the step probes and from ms-swift's own logs; per run
+also the time from the built model to the end of step 1 (a cold Triton cache compiles there: compare round 1's stock
+run with round 2's).
 
     python3 benchmarks/throughput/families_summary.py WORK [--warm 3] [--json OUT.json]
 
@@ -81,17 +83,27 @@ def summarize(work, warm):
     return out
 
 
+def first_step_s(f):
+    """Seconds from the trainer's model built (weights loaded) to the end of step 1: the first step, the data
+    iterator's start and what compiles at the first forward / backward (Triton kernels of a cold cache); None without
+    the probe's turn record."""
+    a, b = f.get('turn_to_step1_s'), f.get('turn_to_init_s')
+    return None if a is None or b is None or b != b else a - b
+
+
 def lines(summary):
     out = []
     for label, d in summary.items():
         for kind, by_round in d['runs'].items():
             for r, f in sorted(by_round.items()):
                 sw = f['swift_tokens_per_s']
+                first = first_step_s(f)
                 out.append(f'TPUT {label} {kind:5s} round {r}: {f["tokens_per_s"]:>10,.0f} tokens/s (probe; step '
                            f'{f["step_s_median"] * 1e3:.1f} ms over {f["steps_timed"]} steps), ms-swift log '
                            f'{"n/a" if sw is None else format(sw, ",.0f")} tokens/s; max_length '
                            f'{f["tokens_per_s"] * f["step_s_median"] / f["gbs"]:.0f}, peak {f["max_mem_gib"]:.1f} GiB, '
-                           f'step-1 loss {f["step1_loss"]!r}')
+                           f'step-1 loss {f["step1_loss"]!r}'
+                           + ('' if first is None else f'; model built to step 1 done: {first:.1f} s'))
         noise = ', '.join(f'{k} {v * 100:.1f}%' for k, v in d['noise'].items() if v is not None) or 'n/a (one round)'
         rr = [round(x, 3) for x in d['ratio_per_round']]
         med = 'n/a' if d['ratio_median'] is None else f'{d["ratio_median"]:.3f}'

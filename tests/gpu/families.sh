@@ -4,7 +4,8 @@
 #     bash tests/gpu/families.sh                                    # the default group, one H100, ~6 min
 #     FAMILIES=qwen1.5-moe-a2.7b-cut,glm-4.5-air-cut,glm-4.7-flash-cut,deepseek-v2-lite-cut bash tests/gpu/families.sh
 #     FAMILIES=llama-3.2-1b,ernie-4.5-21b-a3b-cut,ernie-4.5-0.3b,dots.llm1-cut,kimi-k2-cut bash tests/gpu/families.sh
-#   (each of the last two ~5 min on 2 GPUs; FAMILIES=more runs those nine, FAMILIES=all the thirteen)
+#     FAMILIES=hybrid bash tests/gpu/families.sh                      # the Gated-DeltaNet hybrids, one H100
+#   (each of the last two ~5 min on 2 GPUs; FAMILIES=more runs those nine, FAMILIES=all the sixteen)
 #   0. tests/gpu/make_family_configs.py: random-init HF dirs with the published config.json (bf16), layers and
 #      experts cut to one 80 GB GPU; tiny BPE tokenizer. Groups: `default` = Qwen2.5-1.5B (qwen2: qkv bias, tied),
 #      Qwen3-1.7B (qwen3: QK-norm), Qwen3-30B-A3B cut to 4 layers (qwen3_moe: 128 experts, top-8) and DeepSeek-V3 cut
@@ -12,22 +13,30 @@
 #      with expert bias); `more` = Qwen1.5-MoE-A2.7B (qwen2_moe: gated shared expert), GLM-4.5-Air (glm4_moe: partial
 #      rotary), GLM-4.7-Flash (glm4_moe_lite: MLA), DeepSeek-V2-Lite (deepseek_v2: MLA without q-LoRA, softmax
 #      routing), Llama-3.2-1B (llama: llama3 RoPE scaling), ERNIE-4.5-21B-A3B and -0.3B (ernie4_5_moe, ernie4_5:
-#      interleaved rotary), dots.llm1 (dots1) and Kimi-K2 as its DeepSeek-V3 architecture; `all`. Which cut each has: make_family_configs.py. Each GPU lane
+#      interleaved rotary), dots.llm1 (dots1) and Kimi-K2 as its DeepSeek-V3 architecture; `hybrid` = Qwen3-Next-80B-A3B
+#      cut to 4 layers (3 Gated DeltaNet + 1 gated attention) and 128 experts (qwen3_next), Qwen3.5-27B and
+#      Qwen3.5-35B-A3B (qwen3_5 / qwen3_5_moe: multimodal checkpoints, their language model cut the same way, 128
+#      experts, one small vision block); `all`. Which cut each has: make_family_configs.py. Each GPU lane
 #      makes its own models in the background, in its order, while the parity of the ones before runs; a model dir
 #      is deleted after its parity (KEEP_MODELS=1 keeps them; RUN_TPS=1 keeps the two it needs).
 #   1. tests/gpu/parity.py per model (its own process), random token ids, B=2, S=256: the family's own HF model
-#      (fp32 and fp64 on the GPU) vs `--model_type <family> --patch_size 4` (built as mcore gpt_plt), bf16/fused and
-#      fp32/unfused; K=1: gpt_plt at patch_size 1 vs the stock gpt model, bit-identical, and stock vs HF token-level
-#      (at K1_PRECISIONS). With LANES > 1 (default: the GPUs used) model i runs on GPU i mod LANES, the lanes side by
-#      side. One PARITY_<model> check per model.
+#      (fp32 and fp64 on the GPU; Qwen3.5: its language model on text) vs `--model_type <family> --patch_size 4`
+#      (built as mcore gpt_plt; the hybrids as qwen3_next_plt / qwen3_5_plt), bf16/fused and fp32/unfused; K=1:
+#      the PLT type at patch_size 1 vs the stock model, bit-identical, and stock vs HF token-level (at
+#      K1_PRECISIONS). `timing` lines: the first forward of each model and precision against the next (the first
+#      compiles the Triton kernels of a cold cache: fla's Gated DeltaNet kernels for the hybrids). With LANES > 1
+#      (default: the GPUs used) model i runs on GPU i mod LANES, the lanes side by side. One PARITY_<model> check per
+#      model.
 #   2. (a benchmark: only with RUN_TPS=1 and >= TPS_MIN_LEFT s left) benchmarks/throughput/families.sh on the
 #      models of step 0: tokens/s K=4 vs K=1, Qwen3-1.7B and the Qwen3-30B-A3B cut, A B A B (needs both in FAMILIES).
 # Budget: BUDGET seconds in all (default 470 for the default group on one GPU: models ~1 min, overlapped, parity
-# ~1 min a dense model and ~1.5-2.5 min a MoE one; other runs 120 + 150 s per model of the longest lane); a model past
-# its cap is killed and counted as failed. Disk: the bf16 dirs of one run, at most (default 21 GB, more 49 GB).
+# ~1 min a dense model and ~1.5-2.5 min a MoE one; other runs 120 + 150 s per model of the longest lane, + 270 s
+# and a cap of 420 s a model when a hybrid is among them: a cold Triton cache); a model past its cap is killed and
+# counted as failed. Disk: the bf16 dirs of one run, at most (default 21 GB, more 49 GB).
 # env: OUT, BUDGET, FAMILIES (comma list of make_family_configs.py names or groups; default `default`), LANES,
-# PARITY_CAP (s per model, 240), K1_PRECISIONS (bf16), PRECISIONS (bf16,fp32), PARITY_EXTRA (JSON of extra
-# MegatronArguments fields for parity.py, e.g. '{"moe_grouped_gemm": false}'), FAMILY_WORK (scratch dir, emptied),
+# PARITY_CAP (s per model, 240; 420 with hybrids), K1_PRECISIONS (bf16), PRECISIONS (bf16,fp32), PARITY_EXTRA (JSON
+# of extra MegatronArguments fields for parity.py, e.g. '{"moe_grouped_gemm": false}'), FAMILY_WORK (scratch dir,
+# emptied),
 # KEEP_MODELS=1, RUN_TPS=1, TPS_MIN_LEFT (s, 240), SWIFT_PLT_GPU_ENV, NGPU, SWIFT_PLT_GPU_DRY_RUN (lib.sh: toy
 # widths, S=64, gloo; 4x the budget and caps; LANES > 1 runs lanes of CPU processes).
 set -o pipefail
@@ -52,6 +61,16 @@ if [ -z "$BUDGET_ENV" ] && { [ "$FAMILIES" != default ] || [ "$LANES" != 1 ]; };
   BUDGET=$((120 + 150 * ((${#NAMES[@]} + LANES - 1) / LANES)))
 fi
 PCAP=${PARITY_CAP:-240}
+# the hybrids: on a cold Triton cache the first one compiles and autotunes fla's Gated DeltaNet kernels (~3 min on an
+# H100 in its first HF forward, ~1 min more for bf16); later ones reuse the cache (seconds)
+HYBRIDS=,$(python3 tests/gpu/make_family_configs.py --list --only hybrid),
+for name in "${NAMES[@]}"; do
+  if [[ $HYBRIDS == *",$name,"* ]]; then
+    PCAP=${PARITY_CAP:-420}
+    [ -z "$BUDGET_ENV" ] && BUDGET=$((BUDGET + 270))
+    break
+  fi
+done
 if [ "$DRY" = 1 ]; then # the CPU rehearsal: toy widths, but slow CPUs
   [ -z "$BUDGET_ENV" ] && BUDGET=$((BUDGET * 4))
   PCAP=${PARITY_CAP:-960}

@@ -15,7 +15,8 @@
 #            (megatron sft --model_type llama3_2_critic); critic engine CP2 (MegatronCritic, critic_checks.py);
 #            the family part (K=4, toy widths, the family's own --model_type): qwen3_moe EP2, TP2+SP, PP2 and
 #            TP2+SP x EP2; deepseek_v3 (MLA) TP2+SP and EP2; qwen3 CP2 THD (only these: LAYOUTS="moe_ep2
-#            moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2").
+#            moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"); when named in LAYOUTS, qwen3_next
+#            (Gated-DeltaNet hybrid, mcore qwen3_next_plt) TP2+SP and EP2: LAYOUTS="next_tp2_sp next_ep2".
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
 #            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP.
 # Pass per layout: step-1 loss within LTOL (default 1e-2, bf16) of its 1-GPU reference and a falling curve. Every
@@ -62,6 +63,9 @@ else # 1 GPU: only the 1B runs (no critic, no tiny matrix)
 fi
 
 FAMILY_LAYOUTS="moe_ep2 moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"
+# the hybrid's layouts run only when named in LAYOUTS: fla 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on
+# Hopper GPUs (H100 / H200), and torch 2.11 comes with Triton 3.6 (tests/gpu/README.md, Last results)
+HYBRID_LAYOUTS="next_tp2_sp next_ep2"
 if [ -z "${LAYOUTS:-}" ]; then
   case $NGPU in
   0) LAYOUTS="" ;;
@@ -72,7 +76,7 @@ if [ -z "${LAYOUTS:-}" ]; then
 fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
 say "layouts: ${LAYOUTS:-(none)}"
-[ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS" \
+[ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS $HYBRID_LAYOUTS" \
   "2-GPU part: needs 2 GPUs, $NGPU visible"
 [ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp" "4-GPU part: needs 4 GPUs, $NGPU visible"
 
@@ -85,10 +89,11 @@ TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_pat
   --template llama "${TINY_COMMON[@]}")
 # the family part: toy-width models of three structures (tests/gpu/make_family_configs.py --tiny), K=4, the stock
 # `--model_type` of each family (mcore gpt_plt): qwen3_moe (8 experts, top-2), deepseek_v3 (MLA, shared expert,
-# group-limited sigmoid routing, a dense first layer), qwen3 (QK-norm)
+# group-limited sigmoid routing, a dense first layer), qwen3 (QK-norm), qwen3_next (3 Gated DeltaNet layers + 1 gated
+# attention, 8 experts top-2 and a shared expert; mcore qwen3_next_plt; no CP: megatron-core 0.16's GDN has none)
 FAM=$W/families
-declare -A FAM_DIR=([moe]=qwen3-30b-a3b-cut [mla]=deepseek-v3-cut [qwen3]=qwen3-1.7b)
-declare -A FAM_TYPE=([moe]=qwen3_moe [mla]=deepseek_v3 [qwen3]=qwen3)
+declare -A FAM_DIR=([moe]=qwen3-30b-a3b-cut [mla]=deepseek-v3-cut [qwen3]=qwen3-1.7b [next]=qwen3-next-80b-a3b-cut)
+declare -A FAM_TYPE=([moe]=qwen3_moe [mla]=deepseek_v3 [qwen3]=qwen3 [next]=qwen3_next)
 base_args() { # base_args NAME: BASE=(the run's model and data flags): NAME's prefix moe_/mla_/qwen3_ = a family
   local fam=${1%%_*}
   if [ -n "${FAM_TYPE[$fam]:-}" ]; then
@@ -278,7 +283,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     spawn ref_packed 1 200 pt -- "${TINY_ARGS[@]}" --packing true
   want critic_dp2 && spawn critic_ref 1 200 sft -- "${CRITIC_ARGS[@]}"
   fam_refs=()
-  for f in moe mla qwen3; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
+  for f in moe mla qwen3 next; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
   if [ ${#fam_refs[@]} -gt 0 ]; then
     dirs=$(for f in "${fam_refs[@]}"; do echo "${FAM_DIR[$f]}"; done | paste -sd,)
     python3 tests/gpu/make_family_configs.py --tiny --out "$FAM" --only "$dirs" >"$OUT/make_families.log" 2>&1
@@ -308,6 +313,8 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "mla_tp2_sp|mla_ref|deepseek_v3 (MLA) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
     "mla_ep2|mla_ref|deepseek_v3 (MLA) EP2|--expert_model_parallel_size 2"
     "qwen3_cp2|qwen3_ref|qwen3 CP2 zigzag, padding-free (THD)|--context_parallel_size 2"
+    "next_tp2_sp|next_ref|qwen3_next (Gated DeltaNet) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
+    "next_ep2|next_ref|qwen3_next (Gated DeltaNet) EP2|--expert_model_parallel_size 2"
   )
   n_wave=0 # 2-GPU runs in this wave (the first wave also has the references)
   for entry in "${MATRIX[@]}"; do

@@ -8,10 +8,13 @@ downloaded; the tokenizer is the tiny BPE one.
 
 Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for each NAME and
 prints parameters and bytes per model. Groups: `default` (DEFAULT: qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut,
-deepseek-v3-cut), `more` (MORE: the other families), `all`. config.json is the published one with only the cut fields
-changed (so mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and
-where its values come from. Kimi-K2 (config.json model_type kimi_k2, remote code) is written as its DeepSeek-V3
-architecture (model_type deepseek_v3). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm
+deepseek-v3-cut), `more` (MORE: the other `gpt` families), `hybrid` (HYBRID: the Gated-DeltaNet hybrids Qwen3-Next and
+Qwen3.5 dense / MoE), `all`. config.json is the published one with only the cut fields changed (so mcore-bridge and
+transformers read what a hub download gives them); each entry says which model it is and where its values come from.
+Qwen3.5 checkpoints are multimodal (text_config + vision_config, written as Qwen3_5[Moe]ForConditionalGeneration, the
+class named in `architectures`): their cut applies to text_config, and the vision tower is cut to one small block.
+Kimi-K2 (config.json model_type kimi_k2, remote code) is written as its DeepSeek-V3 architecture (model_type
+deepseek_v3). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm
 weights and the routers' e_score_correction_bias made random too (1 + N(0, 0.1) for norms), so a mis-mapped bias or
 norm changes the logits; ERNIE-4.5-MoE's stays 0 (NO_ROUTER_BIAS). --tiny: the same structures at toy widths (CPU
 tests). --estimate: print the sizes only (meta device, no weights).
@@ -190,7 +193,80 @@ LLAMA32_1B = {
     'vocab_size': 128256,
 }  # yapf: disable
 
+def hybrid_layer_types(n, interval=4):
+    """`layer_types` of a Gated-DeltaNet hybrid: every interval-th layer full attention, the others linear."""
+    return ['full_attention' if (i + 1) % interval == 0 else 'linear_attention' for i in range(n)]
+
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct (qwen3_next: 3 of every 4 layers Gated DeltaNet, the 4th gated attention with
+# partial rotary 0.25; 512 experts top-10 + a gated shared expert, every layer MoE). Values: its config.json (the
+# fields the issue lists; intermediate_size, unused with every layer MoE, and the token ids from public copies).
+QWEN3_NEXT_80B_A3B = {
+    'architectures': ['Qwen3NextForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0,
+    'bos_token_id': 151643, 'decoder_sparse_step': 1, 'eos_token_id': 151645, 'full_attention_interval': 4,
+    'head_dim': 256, 'hidden_act': 'silu', 'hidden_size': 2048, 'initializer_range': 0.02, 'intermediate_size': 5120,
+    'linear_conv_kernel_dim': 4, 'linear_key_head_dim': 128, 'linear_num_key_heads': 16, 'linear_num_value_heads': 32,
+    'linear_value_head_dim': 128, 'max_position_embeddings': 262144, 'mlp_only_layers': [], 'model_type': 'qwen3_next',
+    'moe_intermediate_size': 512, 'norm_topk_prob': True, 'num_attention_heads': 16, 'num_experts': 512,
+    'num_experts_per_tok': 10, 'num_hidden_layers': 48, 'num_key_value_heads': 2, 'output_router_logits': False,
+    'partial_rotary_factor': 0.25, 'rms_norm_eps': 1e-06, 'rope_scaling': None, 'rope_theta': 10000000,
+    'router_aux_loss_coef': 0.001, 'shared_expert_intermediate_size': 512, 'tie_word_embeddings': False,
+    'torch_dtype': 'bfloat16', 'use_cache': True, 'use_sliding_window': False, 'vocab_size': 151936,
+}  # yapf: disable
+# Qwen3.5 (Qwen3_5ForConditionalGeneration / Qwen3_5MoeForConditionalGeneration): a multimodal checkpoint whose
+# language model is the hybrid (3 Gated DeltaNet : 1 gated attention, partial rotary 0.25, interleaved multimodal
+# RoPE [11, 11, 10], theta 1e7), vocabulary 248320, untied; a 27-block ViT. Values: the model cards' architecture
+# tables and public Megatron argument files of these checkpoints (hidden / layers / heads / FFN / experts); the
+# token ids, the vision block and the remaining text fields as transformers' Qwen3.5 configuration defaults and public
+# copies of the config.json give them (not read off the hub here: these are the uncertain ones).
+QWEN35_ROPE = {'mrope_interleaved': True, 'mrope_section': [11, 11, 10], 'rope_type': 'default',
+               'rope_theta': 10000000, 'partial_rotary_factor': 0.25}
+QWEN35_VISION = {
+    'deepstack_visual_indexes': [], 'depth': 27, 'hidden_act': 'gelu_pytorch_tanh', 'hidden_size': 1152,
+    'in_channels': 3, 'initializer_range': 0.02, 'intermediate_size': 4304, 'num_heads': 16,
+    'num_position_embeddings': 2304, 'patch_size': 16, 'spatial_merge_size': 2, 'temporal_patch_size': 2,
+}  # yapf: disable
+QWEN35_MEDIA_IDS = {'image_token_id': 248056, 'video_token_id': 248057, 'vision_start_token_id': 248053,
+                    'vision_end_token_id': 248054}
+QWEN35_TEXT = {
+    'attention_bias': False, 'attention_dropout': 0.0, 'attn_output_gate': True, 'eos_token_id': 248044,
+    'full_attention_interval': 4, 'head_dim': 256, 'hidden_act': 'silu', 'initializer_range': 0.02,
+    'linear_conv_kernel_dim': 4, 'linear_key_head_dim': 128, 'linear_num_key_heads': 16, 'linear_value_head_dim': 128,
+    'max_position_embeddings': 262144, 'mtp_num_hidden_layers': 1, 'mtp_use_dedicated_embeddings': False,
+    'rms_norm_eps': 1e-06, 'rope_parameters': QWEN35_ROPE, 'use_cache': True, 'vocab_size': 248320,
+}  # yapf: disable
+# Qwen/Qwen3.5-27B (dense): hidden 5120, 64 layers, 24 heads / 4 kv heads, FFN 17408, 48 linear value heads.
+QWEN35_27B = {
+    'architectures': ['Qwen3_5ForConditionalGeneration'], 'model_type': 'qwen3_5', **QWEN35_MEDIA_IDS,
+    'text_config': dict(QWEN35_TEXT, model_type='qwen3_5_text', hidden_size=5120, intermediate_size=17408,
+                        num_hidden_layers=64, layer_types=hybrid_layer_types(64), num_attention_heads=24,
+                        num_key_value_heads=4, linear_num_value_heads=48),
+    'tie_word_embeddings': False, 'torch_dtype': 'bfloat16',
+    'vision_config': dict(QWEN35_VISION, model_type='qwen3_5', out_hidden_size=5120),
+}  # yapf: disable
+# Qwen/Qwen3.5-35B-A3B (MoE): hidden 2048, 40 layers, 16 heads / 2 kv heads, 256 experts (FFN 512) top-8 + a gated
+# shared expert (512), 32 linear value heads.
+QWEN35_35B_A3B = {
+    'architectures': ['Qwen3_5MoeForConditionalGeneration'], 'model_type': 'qwen3_5_moe', **QWEN35_MEDIA_IDS,
+    'text_config': dict(QWEN35_TEXT, model_type='qwen3_5_moe_text', hidden_size=2048, num_hidden_layers=40,
+                        layer_types=hybrid_layer_types(40), num_attention_heads=16, num_key_value_heads=2,
+                        linear_num_value_heads=32, moe_intermediate_size=512, num_experts=256, num_experts_per_tok=8,
+                        router_aux_loss_coef=0.001, shared_expert_intermediate_size=512),
+    'tie_word_embeddings': False, 'torch_dtype': 'bfloat16',
+    'vision_config': dict(QWEN35_VISION, model_type='qwen3_5_moe', out_hidden_size=2048),
+}  # yapf: disable
+
 TINY_IDS = dict(bos_token_id=1, eos_token_id=2)  # the tiny tokenizer's <s> and </s>
+# Qwen3.5 cuts (applied to text_config / vision_config): 4 layers keep one full-attention layer; no MTP layer; a
+# vision tower of one block at hidden 128 (out_hidden_size stays the text width). Toy widths for --tiny; media token
+# ids past the tiny tokenizer's ids (the random parity ids stay below them).
+HYBRID_CUT = dict(num_hidden_layers=4, layer_types=hybrid_layer_types(4), mtp_num_hidden_layers=0)
+VISION_CUT = dict(depth=1, hidden_size=128, intermediate_size=256, num_heads=2)
+HYBRID_TOY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=512,
+                  **TINY_IDS)
+VISION_TOY = dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, patch_size=4, num_position_embeddings=64)
+TINY_MEDIA_IDS = dict(image_token_id=508, video_token_id=509, vision_start_token_id=510, vision_end_token_id=511)
 
 # name -> (published config, cut: the fields changed to fit one 80 GB GPU, toy widths for --tiny)
 FAMILIES = {
@@ -258,11 +334,30 @@ FAMILIES = {
         num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512,
         **TINY_IDS)),
+    # --- the Gated-DeltaNet hybrids (mcore-bridge builds them as qwen3_next / qwen3_5, PLT as <type>_plt) ---
+    # 4 of 48 layers (3 Gated DeltaNet + 1 gated attention), 128 of 512 experts (top-10, the shared expert): 2.4 B,
+    # which also trains with Adam on one 80 GB GPU (the throughput benchmark); 256 experts (4.0 B) would not
+    'qwen3-next-80b-a3b-cut': (QWEN3_NEXT_80B_A3B, dict(num_hidden_layers=4, num_experts=128), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, vocab_size=512,
+        **TINY_IDS)),
+    # text: 4 of 64 layers (3 + 1 full attention), no MTP layer; vision: 1 small block: 4.1 B (2.5 B of it the
+    # 248320-row embedding and LM head)
+    'qwen3.5-27b-cut': (QWEN35_27B, dict(text_config=HYBRID_CUT, vision_config=VISION_CUT), dict(
+        text_config=dict(HYBRID_TOY, intermediate_size=128), vision_config=VISION_TOY, **TINY_MEDIA_IDS)),
+    # text: 4 of 40 layers, 128 of 256 experts (top-8, the shared expert), no MTP layer; vision: 1 small block: 2.7 B
+    'qwen3.5-35b-a3b-cut': (QWEN35_35B_A3B, dict(text_config=dict(HYBRID_CUT, num_experts=128),
+                                                 vision_config=VISION_CUT), dict(
+        text_config=dict(HYBRID_TOY, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
+                         num_experts_per_tok=2), vision_config=VISION_TOY, **TINY_MEDIA_IDS)),
 }  # yapf: disable
 NAMES = list(FAMILIES)
 DEFAULT = NAMES[:4]  # families.sh's default run (one H100, ~6 min)
-MORE = NAMES[4:]  # the other families (FAMILIES=more)
-GROUPS = dict(default=DEFAULT, more=MORE, all=NAMES)
+HYBRID = [n for n in NAMES if FAMILIES[n][0]['model_type'] in ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')]
+MORE = [n for n in NAMES[4:] if n not in HYBRID]  # the other `gpt` families (FAMILIES=more)
+GROUPS = dict(default=DEFAULT, more=MORE, hybrid=HYBRID, all=NAMES)
+MULTIMODAL_KEYS = ('text_config', 'vision_config')  # a cut or toy entry of these updates that sub-config
 # ERNIE-4.5-MoE routes by softmax scores plus moe_statics.e_score_correction_bias; megatron-core 0.16.1 adds an expert
 # bias to sigmoid scores only and mcore-bridge 1.6.5 does not load this one, so the stock Megatron model routes
 # without it (K=1 as at K > 1). Kept 0 here: the parity then compares what both sides compute.
@@ -274,12 +369,41 @@ def family_config(name, tiny=False):
     """The config.json dict of NAME: published, with the cut (and with --tiny the toy widths) applied."""
     real, cut, toy = FAMILIES[name]
     cfg = copy.deepcopy(real)
-    cfg.update(cut)
-    if tiny:
-        cfg.update(toy)
+    for change in (cut, toy) if tiny else (cut, ):
+        for key, value in copy.deepcopy(change).items():
+            if key in MULTIMODAL_KEYS:
+                cfg[key].update(value)
+            else:
+                cfg[key] = value
     if (cfg.get('n_group') or 1) > 1 and cfg['num_experts_per_tok'] // cfg['topk_group'] != 2:
         raise ValueError(f'{name}: num_experts_per_tok // topk_group must be 2 (megatron and HF group scores agree)')
     return cfg
+
+
+def text_config(cfg):
+    """The language model's fields of a config.json dict: its text_config (multimodal checkpoints) or itself."""
+    return cfg.get('text_config') or cfg
+
+
+def model_class(cfg):
+    """The HF class a checkpoint of cfg is: the multimodal one named in `architectures` (transformers'
+    AutoModelForCausalLM would pick the text-only class for Qwen3.5), else AutoModelForCausalLM."""
+    import transformers
+    if 'text_config' in cfg:
+        return getattr(transformers, cfg['architectures'][0])
+    return transformers.AutoModelForCausalLM
+
+
+def build_model(cfg, dtype=None):
+    """HF's random init of cfg's model (on the current default device), in dtype."""
+    cls = model_class(cfg)
+    make = cls.from_config if hasattr(cls, 'from_config') else cls._from_config
+    if dtype is None:
+        return make(hf_config(cfg))
+    try:
+        return make(hf_config(cfg), dtype=dtype)
+    except TypeError:  # transformers 4.x
+        return make(hf_config(cfg), torch_dtype=dtype)
 
 
 def in_transformers(name):
@@ -297,13 +421,13 @@ def hf_config(cfg):
 def count_params(cfg):
     """(parameters, of which embedding + LM head) of NAME's config, built on the meta device (no memory)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from swift_plt.compat.transformers import hf_rope_guard
     with hf_rope_guard(), torch.device('meta'):
-        model = AutoModelForCausalLM.from_config(hf_config(cfg))
+        model = build_model(cfg)
     n = sum(p.numel() for p in model.parameters())  # a tied LM head is the embedding: counted once
-    emb = cfg['vocab_size'] * cfg['hidden_size'] * (1 if cfg.get('tie_word_embeddings') else 2)
+    text = text_config(cfg)
+    emb = text['vocab_size'] * text['hidden_size'] * (1 if cfg.get('tie_word_embeddings') else 2)
     return n, emb
 
 
@@ -364,21 +488,19 @@ def randomize(model, seed):
 def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0):
     """Write NAME's random-init model dir; return its config dict."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from swift_plt.compat.transformers import hf_rope_guard
     cfg = family_config(name, tiny)
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
     with hf_rope_guard(), torch.device(device):
-        try:
-            model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.bfloat16)
-        except TypeError:  # transformers 4.x
-            model = AutoModelForCausalLM.from_config(hf_config(cfg), torch_dtype=torch.bfloat16)
+        model = build_model(cfg, torch.bfloat16)
     randomize(model, seed)
     model.save_pretrained(out_dir, safe_serialization=True)
     del model
-    with open(os.path.join(out_dir, 'config.json'), 'w') as f:  # the published format, not transformers' re-dump
+    # the published format, not transformers' re-dump (transformers 5 drops full_attention_interval, which
+    # mcore-bridge reads for the hybrids' layer pattern)
+    with open(os.path.join(out_dir, 'config.json'), 'w') as f:
         json.dump(cfg, f, indent=2)
     for f in os.listdir(tok_dir):
         if f.startswith(('tokenizer', 'special_tokens')):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PLT parity, one process, one GPU: the Megatron PLT model (built through ms-swift + mcore-bridge, TE layers, HF
 weights loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on the family's own HF causal LM
-(AutoModelForCausalLM), for any family of swift_plt/models/families.py.
+(AutoModelForCausalLM; a multimodal checkpoint's class from `architectures`), for any family of
+swift_plt/models/families.py.
 
     python3 tests/gpu/parity.py --model DIR [--model DIR2 ...] --data train.jsonl [--json OUT.json]
     python3 tests/gpu/parity.py --model DIR --random-ids --hf64-device cuda      # no tokenizer/text needed
@@ -9,9 +10,10 @@ weights loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on the 
     python3 tests/gpu/parity.py --model DIR --data train.jsonl --hf-only --hf-device cpu   # reference only (CPU)
 
 Model type (--model-type, one per --model or one for all; default `auto`): config.json's model_type, which is the
-ms-swift model type of the family (qwen2, qwen3, qwen3_moe, deepseek_v3, llama, ...); `llama3_2_plt` keeps the
-design's Llama type. For every model dir, on one fixed batch (B=2, S=256: token ids of real text from the jsonl,
-tokenized with the first model dir's tokenizer, or with --random-ids uniform ids below the smallest vocab):
+ms-swift model type of the family (qwen2, qwen3, qwen3_moe, deepseek_v3, llama, qwen3_next, qwen3_5, ...);
+`llama3_2_plt` keeps the design's Llama type. For every model dir, on one fixed batch (B=2, S=256: token ids of real
+text from the jsonl, tokenized with the first model dir's tokenizer, or with --random-ids uniform ids below the
+smallest vocab):
   1. HF reference FIRST (and under swift_plt.compat.transformers.hf_rope_guard: mcore-bridge's rope code replaces
      transformers' ROPE_INIT_FUNCTIONS['default'] once it runs), swift_plt.patch_level.reference: the forward in fp32
      (--hf-device) and fp64 (--hf64-device: the same model converted; `none` skips it), the loss in fp64:
@@ -19,15 +21,24 @@ tokenized with the first model dir's tokenizer, or with --random-ids uniform ids
        logits = lm_head(h); loss = sum_k nll_loss(log_softmax(logits[:, :-1]), labels[:, K:].view(B,P-1,K)[..., k]) / K
      plus the token-level (K=1) causal-LM loss, and a control: the PLT loss with targets shifted by one token (how
      far a mis-aligned target would move the loss: the margin the parity numbers must beat). MoE experts run HF's
-     eager loop.
+     eager loop. A multimodal checkpoint (Qwen3.5) is run on text only: `model.model` above is its language model
+     (inputs_embeds, text position ids), the token-level pass the same on the token embeddings; random ids stay
+     below its media token ids. The hybrids' Gated DeltaNet layers run what transformers picks (fla's Triton
+     kernels when flash-linear-attention is installed); an fp64 pass those kernels refuse is reported and skipped.
+     Each pass times its first PatchTrain forward and the same forward repeated (`timing` lines: the first one
+     compiles the Triton kernels of a cold cache).
   2. Megatron: MegatronArguments(model_type=TYPE, patch_size=K) -> swift.megatron.model.get_mcore_model
      -> config.bridge.load_weights -> every parameter and buffer moved to the GPU, one left elsewhere an error
      (place_model: megatron-core makes the shared-expert gate on the CPU); forward(input_ids, position_ids, labels)
      with labels token-aligned and the first patch -100 (swift_plt.patch_level.layout.mask_first_patch),
      loss = sum(losses * (labels != -100)) / count (ms-swift's loss_func). bf16 params with --attention_backend
      fused, fp32 params with unfused (cuDNN fused attention has no fp32). A family type must come out as mcore type
-     `gpt_plt` (PLTGPTModel) at K > 1.
-     fp32 runs with NVIDIA_TF32_OVERRIDE=0 (no TF32 anywhere); their check also requires the difference to stay
+     `gpt_plt` (PLTGPTModel) at K > 1, a hybrid family as `<mcore type>_plt` (qwen3_next_plt: PLTGPTModel,
+     qwen3_5_plt: PLTMultimodalGPTModel; swift_plt.models.families.HYBRID_MCORE_TYPES). A multimodal checkpoint's
+     HF config is read as ms-swift's loader reads it, without its processor (which needs qwen_vl_utils and
+     torchvision, and serves media only). The first forward of each K > 1 model is timed (Triton compiles).
+     fp32 runs with NVIDIA_TF32_OVERRIDE=0 and TRITON_F32_DEFAULT=ieee (no TF32 anywhere: cuBLAS, cuDNN, Triton
+     dots such as fla's); their check also requires the difference to stay
      below the control margin. Every check requires the largest per-token NLL difference to stay below the largest
      change a one-token mis-alignment makes to a token's NLL.
      MoE: --moe_grouped_gemm true, router in fp32 (--moe_router_dtype fp32), aux loss coefficient 0 (only the LM
@@ -38,7 +49,8 @@ tokenized with the first model dir's tokenizer, or with --random-ids uniform ids
      expert set differs from the HF fp32 reference (`routes differ`): at most 1 % in fp32 (ties), reported in bf16.
   3. K=1 (at --k1-precisions): the PLT model at patch_size 1 vs the stock model: logits and per-token losses must be
      bit-identical (deterministic algorithms on; a repeat of the stock forward is the control). Family types:
-     mcore-bridge's `gpt_plt` built with patch_size=1 (what K > 1 selects) vs the family's stock `gpt`;
+     mcore-bridge's `gpt_plt` (a hybrid's `<type>_plt`) built with patch_size=1 (what K > 1 selects) vs the
+     family's stock `gpt` (`<type>`);
      llama3_2_plt: llama3_2_plt --patch_size 1 vs stock `llama`. The stock model is also compared with the HF
      token-level loss.
 Prints `PARITY ...` lines (run_all.sh and families.sh copy them to their summary); exit code 1 when a check fails or
@@ -50,11 +62,14 @@ import gc
 import json
 import os
 import sys
+import time
 import traceback
+from types import SimpleNamespace
 
 # fp32 means fp32 on both sides: no TF32 in cuBLAS(Lt)/cuDNN, whatever TE or torch would pick (bf16 is unaffected).
 # Must be set before CUDA initializes. The cuBLAS workspace setting makes cuBLAS deterministic (K=1 identity).
 os.environ.setdefault('NVIDIA_TF32_OVERRIDE', '0')
+os.environ.setdefault('TRITON_F32_DEFAULT', 'ieee')  # fp32 Triton dots (fla's Gated DeltaNet kernels) without TF32
 os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
 
 import torch  # noqa: E402
@@ -66,6 +81,7 @@ ROUTES_FP32 = 0.01  # fp32 MoE: at most this share of (token, layer) routes may 
 PLT_TYPE = 'llama3_2_plt'  # swift_plt.PLT_MODEL_TYPE (not imported here: --help must work without the stack)
 STOCK_OF_PLT_TYPE = 'llama'
 GPT_PLT = 'gpt_plt'  # swift_plt.models.families.PLT_GPT_MODEL_TYPE
+MEDIA_ID_KEYS = ('image_token_id', 'video_token_id', 'vision_start_token_id', 'vision_end_token_id')
 MOE_KWARGS = dict(moe_grouped_gemm=True, moe_router_dtype='fp32', moe_aux_loss_coeff=0.0)
 RESULTS = {'checks': []}
 FAILED = []
@@ -88,8 +104,50 @@ def read_config(model_dir):
         return json.load(f)
 
 
+def text_config(cfg):
+    """The language model's fields of a config.json dict: its text_config (multimodal checkpoints) or itself."""
+    return cfg.get('text_config') or cfg
+
+
+def is_multimodal(cfg):
+    return 'text_config' in cfg
+
+
 def is_moe(cfg):
-    return any(cfg.get(k) for k in ('num_experts', 'n_routed_experts', 'num_local_experts', 'moe_num_experts'))
+    text = text_config(cfg)
+    return any(text.get(k) for k in ('num_experts', 'n_routed_experts', 'num_local_experts', 'moe_num_experts'))
+
+
+def id_limit(cfg):
+    """Random ids stay below this: the vocabulary, and a multimodal checkpoint's media token ids (an image id in a
+    text batch would ask for image features)."""
+    return min([text_config(cfg)['vocab_size']] + [cfg[k] for k in MEDIA_ID_KEYS if cfg.get(k) is not None])
+
+
+def expected_plt_build(model_type):
+    """(mcore-bridge model type, model class name) a family's K > 1 must be built as."""
+    from swift_plt.models.families import HYBRID_MCORE_TYPES, TEXT_ONLY_MULTIMODAL, plt_mcore_type
+    if model_type in HYBRID_MCORE_TYPES:
+        cls = 'PLTMultimodalGPTModel' if model_type in TEXT_ONLY_MULTIMODAL else 'PLTGPTModel'
+        return plt_mcore_type(HYBRID_MCORE_TYPES[model_type]), cls
+    return GPT_PLT, 'PLTGPTModel'
+
+
+def family_plt_meta(model_type):
+    """The PLT mcore-bridge meta of a family (`gpt_plt`, or a hybrid's `<type>_plt`), whatever K is."""
+    from swift_plt.models.families import HYBRID_MCORE_TYPES, MCORE_GPT_TYPE
+    from swift_plt.plugin.register import plt_model_meta
+    return plt_model_meta(HYBRID_MCORE_TYPES.get(model_type, MCORE_GPT_TYPE))
+
+
+def timed(fn):
+    """(fn(), seconds), the GPU synchronized around it."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t
 
 
 def make_batch(tokenizer_dir, data, B, S):
@@ -179,9 +237,12 @@ def load_hf(model_dir, dtype, auto_cls='AutoModelForCausalLM', **kw):
     import transformers
 
     from swift_plt.compat.transformers import hf_rope_guard
+    cfg = read_config(model_dir)
     auto = getattr(transformers, auto_cls)
+    if auto_cls == 'AutoModelForCausalLM' and is_multimodal(cfg):  # Auto* would pick Qwen3.5's text-only class
+        auto = getattr(transformers, cfg['architectures'][0])
     kw.update(dtype=dtype, attn_implementation='eager')
-    if is_moe(read_config(model_dir)):
+    if is_moe(cfg):
         kw['experts_implementation'] = 'eager'
     with hf_rope_guard():
         try:
@@ -193,6 +254,24 @@ def load_hf(model_dir, dtype, auto_cls='AutoModelForCausalLM', **kw):
             return auto.from_pretrained(model_dir, **kw)
 
 
+def text_lm(model):
+    """The causal LM PatchTrain runs (get_input_embeddings, model, lm_head, forward(input_ids) -> .logits): a
+    multimodal checkpoint's text path (its language model on the token embeddings, text position ids), else the
+    model itself."""
+    if not hasattr(model.model, 'language_model'):
+        return model
+
+    def forward(input_ids, use_cache=False):
+        B, S = input_ids.shape
+        pos = torch.arange(S, device=input_ids.device).expand(B, S)
+        hidden = model.model.language_model(inputs_embeds=model.get_input_embeddings()(input_ids), position_ids=pos,
+                                            use_cache=use_cache).last_hidden_state
+        return SimpleNamespace(logits=model.lm_head(hidden))
+
+    return SimpleNamespace(get_input_embeddings=model.get_input_embeddings, model=model.model.language_model,
+                           lm_head=model.lm_head, forward=forward)
+
+
 @torch.no_grad()
 def hf_pass(model, input_ids, K, device):
     """Every reference number of one HF model (its current dtype) on input_ids."""
@@ -200,14 +279,17 @@ def hf_pass(model, input_ids, K, device):
     from swift_plt.patch_level.loss import plt_token_losses
     from swift_plt.patch_level.reference import patch_logits, patchtrain_loss, token_nll
     model = model.to(device).eval()
+    lm = text_lm(model)
     ids = input_ids.to(device)
     labels = ids
     B, S = ids.shape
     out = {}
     # PatchTrain (shaochenze/PatchTrain modeling_llama.py): swift_plt.patch_level.reference
     with record_routes(model, 'hf') as routes:
-        logits = patch_logits(model, ids, K)  # [B, P, V]
+        logits, first = timed(lambda: patch_logits(lm, ids, K))  # [B, P, V]
     out['plt_routes'] = list(routes)
+    _, again = timed(lambda: patch_logits(lm, ids, K))
+    out['timing'] = dict(first_forward_s=first, repeat_s=again)
     out['plt_loss'] = float(patchtrain_loss(logits, labels, K))
     plt_tok = token_nll(logits, labels, K)  # [B, S] token-aligned, first patch 0
     out['plt_tok'] = plt_tok.cpu()
@@ -224,7 +306,7 @@ def hf_pass(model, input_ids, K, device):
     out['tok_control'] = float((plt_tok - token_nll(logits, bad, K)).abs().max())
     # token-level causal LM: the stock HF forward, scored as PatchTrain at K=1
     with record_routes(model, 'hf') as routes:
-        tl = model(input_ids=ids, use_cache=False).logits  # [B, S, V]
+        tl = lm.forward(input_ids=ids, use_cache=False).logits  # [B, S, V]
     out['tok_routes'] = list(routes)
     out['tok_loss'] = float(patchtrain_loss(tl, ids, 1))
     out['tok_tok'] = token_nll(tl, ids, 1).roll(-1, dims=1).cpu()  # at position t: its NLL of token t+1 (rolled)
@@ -239,7 +321,11 @@ def hf_references(model_dir, input_ids, K, device, device64):
     ref64 = None
     if device64 and device64 != 'none':
         model = model.to(device64, torch.float64)
-        ref64 = hf_pass(model, input_ids, K, device64)
+        try:
+            ref64 = hf_pass(model, input_ids, K, device64)
+        except Exception as e:  # e.g. a Triton kernel (fla's Gated DeltaNet) without fp64
+            traceback.print_exc()
+            say(f'[parity] fp64 reference skipped: {type(e).__name__}: {str(e)[:300]}')
     del model
     gc.collect()
     if torch.cuda.is_available():
@@ -294,8 +380,8 @@ def place_model(model, device):
 def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=False):
     """What `megatron pt` does to get its model (MegatronArguments.__post_init__ -> initialize_megatron, then
     BaseMegatronTrainer.prepare_model: get_mcore_model(args, template.config) + bridge.load_weights).
-    plt_meta: build through mcore-bridge's `gpt_plt` meta (PLTGPTModel, PLTModelConfig) whatever K is (the K=1 check
-    of a family; at K > 1 the plugin selects it itself)."""
+    plt_meta: build through the family's PLT meta (`gpt_plt`, or a hybrid's `<type>_plt`: PLT's model classes,
+    PLTModelConfig) whatever K is (the K=1 check of a family; at K > 1 the plugin selects it itself)."""
     from swift.megatron.arguments import MegatronArguments
     from swift.megatron.model import get_mcore_model
     from swift.model import get_processor
@@ -325,9 +411,13 @@ def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=Fals
         kw['patch_size'] = patch_size
     args = MegatronArguments(**kw)
     if plt_meta:
-        from swift_plt.plugin.register import plt_gpt_model_meta
-        args.megatron_model_meta = plt_gpt_model_meta()
-    hf_config = get_processor(model_dir, model_type=model_type).model_info.config
+        args.megatron_model_meta = family_plt_meta(model_type)
+    if is_multimodal(read_config(model_dir)):  # text only: ms-swift's loader's config, without the processor
+        from transformers import AutoConfig
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        hf_config.name_or_path = model_dir
+    else:
+        hf_config = get_processor(model_dir, model_type=model_type).model_info.config
     model = get_mcore_model(args, hf_config)[0]
     model.config.bridge.load_weights([model], model_dir)
     place_model(model, target_device())  # as ms-swift's wrap_model does (.cuda() after the weights are loaded)
@@ -390,12 +480,15 @@ def run_megatron(tag, model_dir, model_type, ids_cpu, K, ref32, ref64, prec, k1=
     try:
         args, m = build_megatron(model_dir, model_type, K, dtype, attn)
         meta_type = args.megatron_model_meta.model_type
-        meta_ok = not family or (meta_type == GPT_PLT and type(m).__name__ == 'PLTGPTModel')
+        want_type, want_cls = expected_plt_build(model_type)
+        meta_ok = not family or (meta_type == want_type and type(m).__name__ == want_cls)
         labels = mask_first_patch(ids, pos, K)
         with record_routes(m, 'mcore', B) as routes:
-            losses = mg_forward(m, ids, labels)  # [B, S] token-aligned
+            losses, first = timed(lambda: mg_forward(m, ids, labels))  # [B, S] token-aligned
         loss = swift_loss(losses, labels)
-        logits = mg_forward(m, ids)  # [B, P, V]
+        logits, again = timed(lambda: mg_forward(m, ids))  # [B, P, V]
+        record(f'[{tag}] timing K={K} {prec} megatron ({meta_type}): first forward {first:.2f} s, the next '
+               f'{again:.3f} s', model=tag, prec=prec, first_forward_s=first, repeat_s=again)
         rd = route_diff(list(routes), ref32['plt_routes'])
         valid = labels != IGN
         tok_d = max_diff(losses, ref32['plt_tok'], valid)
@@ -414,7 +507,8 @@ def run_megatron(tag, model_dir, model_type, ids_cpu, K, ref32, ref64, prec, k1=
             f'(tol {TOL_REL[prec]:g}) rel_vs_fp64={fmt(r64_plt and rel(loss, r64_plt), ".3e")} '
             f'per-token max|d|={tok_d:.3e} logits max|d|={log_d:.3e} '
             f'control |loss(targets shifted 1 token)-loss|={margin:.3e} (diff below it: {beats}), '
-            f'per-token {ref32["tok_control"]:.3e}{route_text(rd)}' + ('' if meta_ok else ' [not built as gpt_plt]'),
+            f'per-token {ref32["tok_control"]:.3e}{route_text(rd)}' +
+            ('' if meta_ok else f' [not built as {want_type} ({want_cls})]'),
             ok,
             model=tag,
             prec=prec,
@@ -543,7 +637,7 @@ def main():
     torch.use_deterministic_algorithms(True, warn_only=True)
 
     if a.random_ids:
-        vocab = min(read_config(d)['vocab_size'] for d in a.model)
+        vocab = min(id_limit(read_config(d)) for d in a.model)
         ids = random_batch(vocab, a.B, a.S, a.seed)
     else:
         ids = make_batch(a.model[0], a.data, a.B, a.S)
@@ -573,6 +667,11 @@ def main():
                    plugin_on_hf_logits=rp['plugin_on_hf_logits'])
             if pr > (1e-6 if r64 else 1e-5):  # fp32 logits over a 150k vocab: the sums round at ~1e-7 rel
                 record(f'[{tag}] swift_plt.patch_level loss on HF logits differs from PatchTrain (rel {pr:.1e})', False)
+            tm = [f'{name} first forward {r["timing"]["first_forward_s"]:.2f} s, repeated '
+                  f'{r["timing"]["repeat_s"]:.3f} s' for name, r in (('fp32', r32), ('fp64', r64)) if r]
+            gdn = 'fla (Triton)' if 'fla' in sys.modules else 'torch'
+            record(f'[{tag}] timing HF PatchTrain K={K} ({gdn} kernels loaded): ' + '; '.join(tm), model=tag,
+                   hf_timing={name: r['timing'] for name, r in (('fp32', r32), ('fp64', r64)) if r})
         except Exception as e:
             traceback.print_exc()
             record(f'[{tag}] HF reference: ERROR {e!r}', False, model=tag)

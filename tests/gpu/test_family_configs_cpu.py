@@ -21,16 +21,19 @@ from swift_plt.compat.transformers import is_transformers_5  # noqa: E402
 CUT_PARAMS = {'qwen2.5-1.5b': 1.544e9, 'qwen3-1.7b': 1.721e9, 'qwen3-30b-a3b-cut': 3.115e9, 'deepseek-v3-cut': 4.309e9,
               'qwen1.5-moe-a2.7b-cut': 2.905e9, 'glm-4.5-air-cut': 3.953e9, 'glm-4.7-flash-cut': 2.625e9,
               'deepseek-v2-lite-cut': 2.255e9, 'ernie-4.5-0.3b': 0.3607e9, 'ernie-4.5-21b-a3b-cut': 2.758e9,
-              'dots.llm1-cut': 3.866e9, 'kimi-k2-cut': 4.546e9, 'llama-3.2-1b': 1.236e9}
+              'dots.llm1-cut': 3.866e9, 'kimi-k2-cut': 4.546e9, 'llama-3.2-1b': 1.236e9,
+              'qwen3-next-80b-a3b-cut': 2.375e9, 'qwen3.5-27b-cut': 4.068e9, 'qwen3.5-35b-a3b-cut': 2.772e9}
 # the uncut published configs: the totals their model cards give (a mistyped width or count changes these)
 CARD_PARAMS = {'qwen1.5-moe-a2.7b-cut': 14.3e9, 'glm-4.5-air-cut': 106e9, 'glm-4.7-flash-cut': 30e9,
                'deepseek-v2-lite-cut': 15.7e9, 'ernie-4.5-0.3b': 0.36e9, 'ernie-4.5-21b-a3b-cut': 21.8e9,
-               'dots.llm1-cut': 142e9, 'kimi-k2-cut': 1.03e12, 'llama-3.2-1b': 1.24e9}
+               'dots.llm1-cut': 142e9, 'kimi-k2-cut': 1.03e12, 'llama-3.2-1b': 1.24e9,
+               'qwen3-next-80b-a3b-cut': 80e9, 'qwen3.5-27b-cut': 27e9, 'qwen3.5-35b-a3b-cut': 35e9}
 
 
 def test_groups_cover_every_family_once():
-    assert mfc.GROUPS['all'] == mfc.DEFAULT + mfc.MORE == mfc.NAMES and not set(mfc.DEFAULT) & set(mfc.MORE)
-    assert set(CUT_PARAMS) == set(mfc.NAMES) and set(CARD_PARAMS) == set(mfc.MORE)
+    assert sorted(mfc.GROUPS['all']) == sorted(mfc.DEFAULT + mfc.MORE + mfc.HYBRID) and mfc.GROUPS['all'] == mfc.NAMES
+    assert not set(mfc.DEFAULT) & set(mfc.MORE) and not set(mfc.HYBRID) & set(mfc.DEFAULT + mfc.MORE)
+    assert set(CUT_PARAMS) == set(mfc.NAMES) and set(CARD_PARAMS) == set(mfc.MORE + mfc.HYBRID)
     from swift_plt.models.families import FAMILIES
     types = {mfc.family_config(n)['model_type'] for n in mfc.NAMES}
     # every family transformers builds without remote code has a published config here (kimi_k2 as deepseek_v3)
@@ -76,14 +79,22 @@ def test_cuts_keep_each_structure():
     """A cut changes only layer and expert counts (and drops MTP layers): the dense first layers stay, at least two
     MoE layers follow, routing keeps its top-k and groups."""
     allowed = {'num_hidden_layers', 'n_routed_experts', 'num_nextn_predict_layers', 'max_window_layers',
-               'moe_layer_end_index'}
+               'moe_layer_end_index', 'num_experts', 'layer_types', 'mtp_num_hidden_layers', 'text_config',
+               'vision_config'}
     # DeepSeek-V3: 1 of its 3 dense layers, 4 groups of 4 of the 16 experts kept
     allowed_more = {'deepseek-v3-cut': {'first_k_dense_replace', 'n_group', 'topk_group'}}
     for name in mfc.NAMES:
         real, cut, _ = mfc.FAMILIES[name]
         cfg = mfc.family_config(name)
-        assert set(cut) <= allowed | allowed_more.get(name, set()), name
+        assert set(cut) | set(cut.get('text_config', {})) <= allowed | allowed_more.get(name, set()), name
+        if name not in mfc.HYBRID:  # only the hybrids cut experts through num_experts (qwen3_moe keeps all 128)
+            assert 'num_experts' not in cut, name
+        real, cfg = mfc.text_config(real), mfc.text_config(cfg)
         assert cfg['num_hidden_layers'] <= real['num_hidden_layers'] and not cfg.get('num_nextn_predict_layers')
+        assert not cfg.get('mtp_num_hidden_layers'), name
+        if name in mfc.HYBRID:  # 3 Gated DeltaNet layers, then the full-attention one; the published interval
+            assert cfg['num_hidden_layers'] == 4 and cfg.get('full_attention_interval') == 4, name
+            assert cfg.get('layer_types', mfc.hybrid_layer_types(4)) == mfc.hybrid_layer_types(4), name
         if not parity.is_moe(cfg):
             continue
         dense = cfg.get('first_k_dense_replace', cfg.get('moe_layer_start_index', 0))
@@ -115,7 +126,7 @@ def tiny_dirs(tmp_path_factory):
 
 def test_tiny_dirs_load_with_their_structure(tiny_dirs):
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from swift_plt.compat.transformers import hf_rope_guard
     report = json.load(open(tiny_dirs / 'models.json'))
@@ -125,7 +136,9 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
                'glm-4.7-flash-cut': 'Glm4MoeLiteForCausalLM', 'deepseek-v2-lite-cut': 'DeepseekV2ForCausalLM',
                'llama-3.2-1b': 'LlamaForCausalLM', 'ernie-4.5-21b-a3b-cut': 'Ernie4_5_MoeForCausalLM',
                'ernie-4.5-0.3b': 'Ernie4_5ForCausalLM', 'dots.llm1-cut': 'Dots1ForCausalLM',
-               'kimi-k2-cut': 'DeepseekV3ForCausalLM'}
+               'kimi-k2-cut': 'DeepseekV3ForCausalLM', 'qwen3-next-80b-a3b-cut': 'Qwen3NextForCausalLM',
+               'qwen3.5-27b-cut': 'Qwen3_5ForConditionalGeneration',
+               'qwen3.5-35b-a3b-cut': 'Qwen3_5MoeForConditionalGeneration'}
     assert set(classes) == set(mfc.NAMES)
     for name, cls in classes.items():
         if name not in BUILT:
@@ -134,11 +147,11 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
         cfg = json.load(open(d / 'config.json'))
         assert cfg == mfc.family_config(name, tiny=True) and report[name]['model_type'] == cfg['model_type']
         with hf_rope_guard():
-            model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
+            model = mfc.model_class(cfg).from_pretrained(str(d), dtype=torch.float32)
         assert type(model).__name__ == cls
         tok = AutoTokenizer.from_pretrained(str(d))
         ids = torch.tensor([tok('The old sailor walked to the harbour.')['input_ids']])
-        assert int(ids.max()) < cfg['vocab_size']
+        assert int(ids.max()) < parity.id_limit(cfg) <= mfc.text_config(cfg)['vocab_size']
         with torch.no_grad():
             assert torch.isfinite(model(input_ids=ids).logits).all()
         params = dict(model.named_parameters())
@@ -156,9 +169,16 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
         assert any(k.endswith('e_score_correction_bias') for k in keys) == (
             name in ('deepseek-v3-cut', 'glm-4.5-air-cut', 'glm-4.7-flash-cut', 'ernie-4.5-21b-a3b-cut',
                      'dots.llm1-cut', 'kimi-k2-cut'))
+        prefix = 'model.language_model.' if 'text_config' in cfg else 'model.'  # the hub format mcore-bridge reads
         if parity.is_moe(cfg):
-            assert 'model.layers.1.mlp.experts.0.gate_proj.weight' in keys  # the hub format mcore-bridge reads
-    ds = AutoModelForCausalLM.from_config(mfc.hf_config(mfc.family_config('deepseek-v3-cut', tiny=True)))
+            assert prefix + 'layers.1.mlp.experts.0.gate_proj.weight' in keys
+        if name in mfc.HYBRID:  # layers 0-2 Gated DeltaNet, layer 3 gated attention (what mcore-bridge builds)
+            assert prefix + 'layers.2.linear_attn.conv1d.weight' in keys
+            assert prefix + 'layers.3.self_attn.q_proj.weight' in keys
+            assert not any(k.startswith(prefix + 'layers.3.linear_attn') for k in keys)
+            # kept in config.json (transformers 5 drops it from its own dump; mcore-bridge reads it)
+            assert mfc.text_config(cfg)['full_attention_interval'] == 4
+    ds = mfc.build_model(mfc.family_config('deepseek-v3-cut', tiny=True))
     assert ds.config.q_lora_rank == 32 and ds.config.first_k_dense_replace == 1
 
 
@@ -176,7 +196,7 @@ def parity_hf_only(tiny_dirs, tmp_path_factory):
 def test_parity_reference_runs_on_a_tiny_family_dir(parity_hf_only):
     r, out = parity_hf_only
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert 'PARITY summary: 1 lines, 0 failed' in r.stdout
+    assert 'PARITY summary: 2 lines, 0 failed' in r.stdout  # the reference and its timing line
     res = json.load(open(out))
     assert res['model_types'] == {'qwen3-30b-a3b-cut': 'qwen3_moe'}
 
@@ -187,6 +207,23 @@ def test_parity_records_the_hf_moe_routes(parity_hf_only):
     r, _ = parity_hf_only
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert '2 MoE layers' in r.stdout
+
+
+@pytest.mark.skipif('qwen3.5-35b-a3b-cut' not in BUILT, reason='transformers without qwen3_5_moe')
+def test_parity_reference_runs_a_multimodal_checkpoint_on_text(tiny_dirs, tmp_path):
+    """parity.py --hf-only on the Qwen3.5-MoE toy dir: its language model on the pooled token embeddings (text
+    position ids), random ids below the media token ids, the MoE routes recorded."""
+    out = tmp_path / 'p.json'
+    model = str(tiny_dirs / 'qwen3.5-35b-a3b-cut')
+    r = subprocess.run([sys.executable, os.path.join(HERE, 'parity.py'), '--model', model, '--random-ids', '--S', '32',
+                        '--hf-only', '--hf-device', 'cpu', '--hf64-device', 'none', '--json', str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert 'PARITY summary: 2 lines, 0 failed' in r.stdout and '(Qwen3_5MoeForConditionalGeneration)' in r.stdout
+    assert '4 MoE layers' in r.stdout and 'timing HF PatchTrain K=4' in r.stdout
+    assert json.load(open(out))['model_types'] == {'qwen3.5-35b-a3b-cut': 'qwen3_5_moe'}
+    cfg = json.load(open(tiny_dirs / 'qwen3.5-35b-a3b-cut' / 'config.json'))
+    assert parity.id_limit(cfg) == 508 and parity.is_moe(cfg) and parity.is_multimodal(cfg)
 
 
 def test_random_batch_and_route_diff():
