@@ -1,5 +1,6 @@
-"""Which model families take ``--patch_size K > 1``: the decoders mcore-bridge builds as its ``gpt`` type and the
-hybrid Gated-DeltaNet decoders it builds with their own type, keyed by the HF ``model_type`` of config.json. PLT only
+"""Which model families take ``--patch_size K > 1``: the decoders mcore-bridge builds as its ``gpt`` type, OLMoE and
+the hybrid Gated-DeltaNet decoders it builds with their own types, keyed by the HF ``model_type`` of config.json;
+and every other model type of mcore-bridge 1.6.5, with why PLT refuses it. PLT only
 wraps the decoder (pooling, positions, masks, loss), so one ``PLTGPTModel`` serves them all
 (docs/model-families.md). Imports no torch."""
 from typing import Optional
@@ -22,6 +23,7 @@ FAMILIES = {
     'deepseek_v3': 'mla+moe',
     'kimi_k2': 'mla+moe',
     'glm4_moe_lite': 'mla+moe',
+    'olmoe': 'moe',  # mcore-bridge type `olmoe`: QK-norm over all heads' channels, softmax top-k not renormalised
     # hybrids: 3 of 4 layers Gated DeltaNet (causal conv + gated delta rule), the 4th gated attention
     'qwen3_next': 'hybrid+moe',
     'qwen3_5': 'hybrid',  # Qwen3_5ForConditionalGeneration: text-only at K > 1
@@ -30,6 +32,10 @@ FAMILIES = {
 
 # hybrid families -> the mcore-bridge model type that builds them (not `gpt`); PLT registers `<type>_plt` for each
 HYBRID_MCORE_TYPES = {'qwen3_next': 'qwen3_next', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5'}
+# families mcore-bridge builds with their own (non-hybrid) type and layer spec; PLT registers `<type>_plt` for each
+OWN_MCORE_TYPES = {'olmoe': 'olmoe'}
+# every family not built as `gpt` -> its mcore-bridge type
+FAMILY_MCORE_TYPES = {**HYBRID_MCORE_TYPES, **OWN_MCORE_TYPES}
 # multimodal checkpoints whose language model PLT trains on text-only data (a sample with images is refused)
 TEXT_ONLY_MULTIMODAL = ('qwen3_5', 'qwen3_5_moe')
 
@@ -53,7 +59,7 @@ def plt_mcore_type(mcore_type: str) -> str:
 
 def plt_mcore_types() -> tuple:
     """Every mcore-bridge model type PLT builds at K > 1 and the upstream ones it replaces."""
-    upstream = (MCORE_GPT_TYPE, *sorted(set(HYBRID_MCORE_TYPES.values())))
+    upstream = (MCORE_GPT_TYPE, *sorted(set(FAMILY_MCORE_TYPES.values())))
     return upstream + tuple(plt_mcore_type(t) for t in upstream)
 
 # mcore-bridge's `gpt` list this table was written against (check_mcore_gpt_types)
@@ -68,8 +74,6 @@ MCORE_BRIDGE_VERIFIED = 'mcore-bridge 1.6.5'
 _OWN_SPEC = 'mcore-bridge builds it with its own {what}; not yet verified at patch level (no CPU structure test ' \
             'against its HF model, no GPU parity)'
 MCORE_REFUSED = {
-    'olmoe': 'OLMoE: ' + _OWN_SPEC.format(what='attention (OLMoESelfAttention: QK-norm over all heads\' channels) '
-                                                'and bridge'),
     'glm4': 'GLM-4-0414: ' + _OWN_SPEC.format(what='layer spec (Glm4SelfAttention / Glm4MLP: RMSNorms after '
                                                    'attention and after the MLP) and bridge'),
     'minimax_m2': 'MiniMax-M2: ' + _OWN_SPEC.format(what='attention (QK-norm over all heads\' channels) and MoE '
@@ -79,9 +83,9 @@ MCORE_REFUSED = {
                     + '; transformers has no class for it (the checkpoint\'s own modeling code)'),
     'bailing_hybrid': ('Ling/Ring 2.5 hybrid: lightning linear attention (a decayed recurrence over tokens, '
                        'mcore-bridge\'s LinearAttention) in all but every layer_group_size-th layer (full '
-                       'attention); not yet verified at patch level. Needed: the recurrence restarted per document over patches (as for '
-                       'Gated DeltaNet), proven against the checkpoint\'s own modeling code (transformers has no '
-                       'class for it)'),
+                       'attention); not yet verified at patch level. Needed: the recurrence restarted per document '
+                       'over patches (as for Gated DeltaNet), proven against the checkpoint\'s own modeling code '
+                       '(transformers has no class for it)'),
     'nemotron_h': ('Nemotron-H: a Mamba-2 hybrid on megatron-core\'s models.hybrid, which megatron-core 0.16.1 does '
                    'not have (mcore-bridge 1.6.5 registers the type only with it), and Mamba\'s CUDA kernels '
                    '(mamba_ssm, causal_conv1d); not yet verified at patch level. Needed: that megatron-core, the SSM '
@@ -106,7 +110,7 @@ MCORE_MULTIMODAL_REFUSAL = ('a multimodal model (mcore-bridge builds it with its
 MCORE_EMBEDDING_TYPES = ('qwen3_emb', )
 MCORE_EMBEDDING_REFUSAL = 'an embedding model (pooled hidden states, no next-token loss); PLT trains causal LMs'
 # language-model types: `gpt`, the hybrids' and the refused ones
-MCORE_LLM_TYPES = (MCORE_GPT_TYPE, 'qwen3_next', *MCORE_REFUSED)
+MCORE_LLM_TYPES = (MCORE_GPT_TYPE, 'qwen3_next', *OWN_MCORE_TYPES.values(), *MCORE_REFUSED)
 
 
 def mcore_refusal(mcore_type: Optional[str]) -> Optional[str]:
@@ -159,15 +163,16 @@ def structure(model_type: Optional[str]) -> str:
 
 def check_mcore_gpt_types(mcore_gpt_types) -> None:
     """Fail loudly when mcore-bridge no longer builds a supported family as `gpt` (upstream moved)."""
-    moved = sorted(set(FAMILIES) - set(HYBRID_MCORE_TYPES) - set(mcore_gpt_types))
+    moved = sorted(set(FAMILIES) - set(FAMILY_MCORE_TYPES) - set(mcore_gpt_types))
     if moved:
         raise RuntimeError(f'mcore-bridge no longer builds {moved} as its `gpt` model (swift-plt was verified against '
                            f'{MCORE_BRIDGE_VERIFIED}): update swift-plt\'s family table.')
 
 
 def check_mcore_hybrid_types(mcore_type: str, hf_types) -> None:
-    """Fail loudly when mcore-bridge's ``mcore_type`` no longer builds the hybrid families mapped to it."""
-    moved = sorted(t for t, m in HYBRID_MCORE_TYPES.items() if m == mcore_type and t not in hf_types)
+    """Fail loudly when mcore-bridge's ``mcore_type`` no longer builds the families mapped to it (the hybrids',
+    ``olmoe``)."""
+    moved = sorted(t for t, m in FAMILY_MCORE_TYPES.items() if m == mcore_type and t not in hf_types)
     if moved:
         raise RuntimeError(f'mcore-bridge no longer builds {moved} as `{mcore_type}` (swift-plt was verified against '
                            f'{MCORE_BRIDGE_VERIFIED}): update swift-plt\'s family table.')

@@ -52,15 +52,18 @@ def _verified_loader(mcore_type: str):
     from mcore_bridge.model.register import ModelLoader
     if mcore_type == 'gpt':
         return ModelLoader
+    if mcore_type == 'olmoe':  # its own attention (QK-norm over all heads' channels) on the `gpt` layer spec
+        from mcore_bridge.model.gpts.olmoe import OLMoELoader
+        return OLMoELoader
     # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
     from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextLoader
     return Qwen3NextLoader
 
 
 def plt_model_meta(mcore_type: str):
-    """mcore-bridge's meta of ``<mcore_type>_plt`` (``gpt_plt``, ``qwen3_next_plt``, ``qwen3_5_plt``): the upstream
-    meta (bridge, vision tower, loader) with PLT's model classes and ``PLTModelConfig``; no HF model type maps to it,
-    so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
+    """mcore-bridge's meta of ``<mcore_type>_plt`` (``gpt_plt``, ``olmoe_plt``, ``qwen3_next_plt``, ``qwen3_5_plt``):
+    the upstream meta (bridge, vision tower, loader) with PLT's model classes and ``PLTModelConfig``; no HF model type
+    maps to it, so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
     from mcore_bridge.model.register import ModelMeta, get_model_meta, register_model
 
     from swift_plt.models import families

@@ -8,7 +8,8 @@ from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_con
 
 FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
 # the structures of the other families, built on demand (tests/models/test_families_cpu.py)
-MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe')
+MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe',
+                                  'olmoe')
 # the hybrid Gated-DeltaNet decoders: 3 linear-attention layers, then 1 gated full-attention layer
 HYBRID_FAMILIES: Tuple[str, ...] = ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')
 
@@ -81,6 +82,9 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     'ernie4_5_moe': ('Ernie4_5_MoeConfig', 'Ernie4_5_MoeForCausalLM',
                      dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
                           moe_layer_start_index=1, moe_layer_end_index=-1, tie_word_embeddings=True)),
+    # OLMoE (mcore-bridge type `olmoe`: its own attention): QK-norm over all heads' channels (not per head), softmax
+    # routing not renormalised, no shared expert, MoE in every layer
+    'olmoe': ('OlmoeConfig', 'OlmoeForCausalLM', dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)),
     # --- hybrids (Gated DeltaNet: conv + gated delta rule; gated attention with partial rotary and zero-centred
     # norms): 4 layers, the 4th full attention (full_attention_interval 4, what mcore-bridge reads) ---
     'qwen3_next': ('Qwen3NextConfig', 'Qwen3NextForCausalLM', dict(_HYBRID, shared_expert_intermediate_size=64,

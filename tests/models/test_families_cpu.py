@@ -6,7 +6,7 @@ import torch
 
 from harness.dist import spawn
 from harness.plt_cases import K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss
-from swift_plt.models.families import HYBRID_MCORE_TYPES
+from swift_plt.models.families import FAMILY_MCORE_TYPES
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
 
 pytestmark = pytest.mark.xdist_group('families_cpu')
@@ -15,15 +15,16 @@ DENSE = ['qwen2', 'qwen3']
 MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # structures of the other families (swift_plt.tools.tiny_families): partial rotary + sigmoid routing (glm4_moe), MLA
 # without q-LoRA + YaRN mscale + softmax greedy routing (deepseek_v2), interleaved rotary + ERNIE's MoE layout
-# (ernie4_5_moe); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe'] + [
+# (ernie4_5_moe), mcore-bridge's own `olmoe` type (QK-norm over all heads' channels, softmax top-k not
+# renormalised); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
 def mcore_types(family):
-    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or a hybrid's own type."""
-    stock = HYBRID_MCORE_TYPES.get(family, 'gpt')
+    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe)."""
+    stock = FAMILY_MCORE_TYPES.get(family, 'gpt')
     return stock, stock + '_plt'
 
 
@@ -56,7 +57,7 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES))
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)

@@ -13,7 +13,7 @@ def _gpt_types():
 def test_table_matches_installed_mcore_bridge():
     (types, ) = spawn(_gpt_types, 1)
     assert sorted(types) == sorted(families.MCORE_GPT_TYPES_VERIFIED)
-    assert set(families.FAMILIES) - set(families.HYBRID_MCORE_TYPES) | set(families.REFUSED) == set(types)
+    assert set(families.FAMILIES) - set(families.FAMILY_MCORE_TYPES) | set(families.REFUSED) == set(types)
     families.check_mcore_gpt_types(types)
 
 
@@ -35,13 +35,14 @@ def test_hybrid_table_matches_installed_mcore_bridge():
 def _plt_hybrid_metas():
     from swift_plt.plugin.register import plt_model_meta
     return {t: (plt_model_meta(t).model_type, plt_model_meta(t).loader.__mro__[2].__module__,
-                plt_model_meta(t).visual_cls is not None) for t in ('qwen3_next', 'qwen3_5')}
+                plt_model_meta(t).visual_cls is not None) for t in ('qwen3_next', 'qwen3_5', 'olmoe')}
 
 
 def test_hybrid_plt_metas_wrap_the_verified_loader():
     (metas, ) = spawn(_plt_hybrid_metas, 1)
     assert metas == {'qwen3_next': ('qwen3_next_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', False),
-                     'qwen3_5': ('qwen3_5_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', True)}
+                     'qwen3_5': ('qwen3_5_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', True),
+                     'olmoe': ('olmoe_plt', 'mcore_bridge.model.gpts.olmoe', False)}
 
 
 def test_guard_fails_when_a_family_moves():
