@@ -228,32 +228,17 @@ class CriticBridge(CriticBridgeMixin, GPTBridge):
     """The critic's bridge for the `gpt` families (mcore-bridge's GPTBridge)."""
 
 
-def _verified_upstream(mcore_type: str):
-    """``(loader, bridge)`` of mcore-bridge 1.6.5 for ``mcore_type`` that the critic was verified against."""
-    if mcore_type == 'gpt':
-        return ModelLoader, GPTBridge
-    from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
-    if mcore_type == 'qwen3_next':
-        return Qwen3NextLoader, Qwen3NextGDNBridge
-    if mcore_type == 'qwen3_5':
-        from mcore_bridge.model.mm_gpts.qwen3_5_gdn import Qwen3_5Bridge
-        return Qwen3NextLoader, Qwen3_5Bridge
-    raise KeyError(mcore_type)
-
-
 def upstream_refusal(critic_type: str, mcore_type: str, upstream) -> str:
     """None where mcore-bridge's meta of ``mcore_type`` (``upstream``) builds the family with the loader and bridge
     the critic was verified against, else what differs and what to do."""
     if upstream is None:
         return (f'{critic_type}: mcore-bridge has no `{mcore_type}` model type (mcore-bridge 1.6.5 has; with '
                 'USE_MCORE_GDN=0 it registers the hybrids differently): unset USE_MCORE_GDN or update swift-plt.')
-    loader, bridge = _verified_upstream(mcore_type)
-    got = [(what, cls, ref) for what, cls, ref in (('loader', upstream.loader, loader),
-                                                    ('bridge', upstream.bridge_cls, bridge)) if cls is not ref]
-    if not got:
+    from swift_plt.compat.mcore_bridge_types import upstream_moved
+    moved = upstream_moved(mcore_type, upstream)
+    if not moved:
         return None
-    differs = '; '.join(f'its {what} is {cls.__module__}.{cls.__name__}, not the {ref.__module__}.{ref.__name__}'
-                        for what, cls, ref in got)
+    differs = '; '.join(moved)
     return (f'{critic_type}: mcore-bridge builds `{mcore_type}` differently from what swift-plt was verified against '
             f'(mcore-bridge 1.6.5, USE_MCORE_GDN=1): {differs}. Unset USE_MCORE_GDN or update swift-plt.')
 

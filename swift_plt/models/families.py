@@ -5,6 +5,8 @@ wraps the decoder (pooling, positions, masks, loss), so one ``PLTGPTModel`` serv
 (docs/model-families.md). Imports no torch."""
 from typing import Optional
 
+from swift_plt.compat.mcore_bridge_types import MCORE_BRIDGE_VERIFIED
+
 # HF model_type -> the structure PLT has to get right (what the CPU tests cover per structure)
 FAMILIES = {
     'llama': 'dense',
@@ -66,7 +68,6 @@ def plt_mcore_types() -> tuple:
 MCORE_GPT_TYPES_VERIFIED = ('qwen2', 'llama', 'qwen3', 'qwen2_moe', 'qwen3_moe', 'internlm3', 'mimo', 'deepseek',
                             'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5',
                             'ernie4_5_moe', 'glm4_moe', 'glm4_moe_lite', 'gpt_oss')
-MCORE_BRIDGE_VERIFIED = 'mcore-bridge 1.6.5'
 
 # Every model type mcore-bridge 1.6.5 registers (mcore_bridge.model.register.MODEL_MAPPING; megatron-core 0.16.1),
 # classified. `gpt` and the hybrids' types are above; each other language-model type -> why PLT refuses it (its HF

@@ -230,14 +230,14 @@ class PLTModelLoader(PLTLoaderMixin, ModelLoader):
     model_cls = PLTGPTModel
 
 
-def plt_loader(upstream_loader, verified_loader=ModelLoader):
-    """The PLT loader for a family whose mcore-bridge loader is ``upstream_loader``, which must be the one swift-plt
-    was verified against (``verified_loader``: mcore-bridge's default, or a hybrid family's)."""
-    if upstream_loader is not verified_loader:
-        raise RuntimeError(f'mcore-bridge builds this family with {upstream_loader.__module__}.'
-                           f'{upstream_loader.__name__}, not the {verified_loader.__module__}.'
-                           f'{verified_loader.__name__} swift-plt was verified against (mcore-bridge 1.6.5): update '
-                           'swift-plt.')
-    if upstream_loader is ModelLoader:
+def plt_loader(mcore_type: str, upstream):
+    """The PLT loader over mcore-bridge's meta ``upstream`` of ``mcore_type``, whose loader and bridge must be the ones
+    swift-plt was verified against (swift_plt.compat.mcore_bridge_types)."""
+    from swift_plt.compat.mcore_bridge_types import MCORE_BRIDGE_VERIFIED, upstream_moved
+    moved = upstream_moved(mcore_type, upstream)
+    if moved:
+        raise RuntimeError(f'mcore-bridge builds `{mcore_type}` differently from what swift-plt was verified against '
+                           f'({MCORE_BRIDGE_VERIFIED}): {"; ".join(moved)}. Unset USE_MCORE_GDN or update swift-plt.')
+    if upstream.loader is ModelLoader:
         return PLTModelLoader
-    return type(f'PLT{upstream_loader.__name__}', (PLTLoaderMixin, upstream_loader), {})
+    return type(f'PLT{upstream.loader.__name__}', (PLTLoaderMixin, upstream.loader), {})

@@ -47,19 +47,6 @@ def plt_gpt_model_meta():
     return plt_model_meta(MCORE_GPT_TYPE)
 
 
-def _verified_loader(mcore_type: str):
-    """The mcore-bridge loader of ``mcore_type`` swift-plt was verified against (mcore-bridge 1.6.5)."""
-    from mcore_bridge.model.register import ModelLoader
-    if mcore_type == 'gpt':
-        return ModelLoader
-    if mcore_type == 'olmoe':  # its own attention (QK-norm over all heads' channels) on the `gpt` layer spec
-        from mcore_bridge.model.gpts.olmoe import OLMoELoader
-        return OLMoELoader
-    # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
-    from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextLoader
-    return Qwen3NextLoader
-
-
 def plt_model_meta(mcore_type: str):
     """mcore-bridge's meta of ``<mcore_type>_plt`` (``gpt_plt``, ``olmoe_plt``, ``qwen3_next_plt``, ``qwen3_5_plt``):
     the upstream meta (bridge, vision tower, loader) with PLT's model classes and ``PLTModelConfig``; no HF model type
@@ -77,7 +64,7 @@ def plt_model_meta(mcore_type: str):
         else:
             families.check_mcore_hybrid_types(mcore_type, upstream.model_types)
         meta = ModelMeta(plt_type, [], bridge_cls=upstream.bridge_cls, visual_cls=upstream.visual_cls,
-                         loader=plt_loader(upstream.loader, _verified_loader(mcore_type)), config_cls=PLTModelConfig)
+                         loader=plt_loader(mcore_type, upstream), config_cls=PLTModelConfig)
         register_model(meta)
     return meta
 

@@ -91,3 +91,27 @@ def test_guard_fails_when_mcore_bridge_adds_or_drops_a_type():
         families.check_mcore_types(registered + ['mamba3'])
     with pytest.raises(RuntimeError, match=r"no longer registers \['olmoe'\]"):
         families.check_mcore_types([t for t in registered if t != 'olmoe'])
+
+
+def _plt_loader_refusal():
+    from types import SimpleNamespace
+
+    from mcore_bridge.model.register import ModelLoader, get_model_meta
+
+    from swift_plt.models.megatron_gpt import plt_loader
+    upstream = get_model_meta('qwen3_next')
+    moved = SimpleNamespace(loader=ModelLoader, bridge_cls=upstream.bridge_cls)  # e.g. another mcore-bridge
+    try:
+        plt_loader('qwen3_next', moved)
+    except RuntimeError as e:
+        return str(e), plt_loader('qwen3_next', upstream).__name__
+    return None, None
+
+
+def test_plt_loader_refuses_an_upstream_it_was_not_verified_with():
+    """The hybrid's PLT loader wraps mcore-bridge 1.6.5's Qwen3NextLoader; any other loader (USE_MCORE_GDN=0,
+    another mcore-bridge) fails loudly, naming both."""
+    ((message, name), ) = spawn(_plt_loader_refusal, 1)
+    assert name == 'PLTQwen3NextLoader'
+    assert message and 'its loader is mcore_bridge.model.register.ModelLoader, not the ' \
+        'mcore_bridge.model.gpts.qwen3_next_gdn.Qwen3NextLoader' in message and 'mcore-bridge 1.6.5' in message
