@@ -22,6 +22,29 @@ top-3 groups, top-6); the GPU parity on DeepSeek-V2's config (2 layers, 32 exper
 0.62 %). Nothing differs where a token's groups are all kept (``n_group <= 1``, ``topk_group >= n_group``) or the
 sum is over one expert (``num_experts_per_tok // topk_group == 1``: sum = max).
 
+RoPE ``longrope`` (``rope_scaling`` / ``rope_parameters``, transformers 5 keeps ``original_max_position_embeddings``
+inside them). transformers switches a sequence to ``long_factor`` when it is longer than
+``original_max_position_embeddings``; mcore-bridge's ``longrope_frequency_update`` (``mcore_bridge/model/rope.py``)
+compares with ``ModelConfig.original_max_position_embeddings``, which it fills from config.json's top level only,
+else with ``max_position_embeddings``: sequences (patches at K > 1) between the two lengths get ``short_factor``
+frequencies in Megatron. Tiny Llama (tests/models/test_config_matrix_cpu.py): K=1 logits rel 0.14 at 32 tokens with
+16 original positions; none where both sides agree on the factor.
+
+``scoring_func: softmax`` for families whose transformers router is sigmoid only (``deepseek_v3``, ``kimi_k2``,
+``glm4_moe``, ``glm4_moe_lite``: transformers ignores the field); mcore-bridge maps it to
+``moe_router_score_function``, so Megatron routes by softmax. Tiny DeepSeek-V3: K=1 logits rel 0.68 (0.10 with the
+expert bias zero).
+
+Sigmoid routing (transformers' ``noaux_tc`` router of ``deepseek_v3``, ``kimi_k2``, ``glm4_moe``, ``glm4_moe_lite``,
+``dots1``): megatron-core renormalises the top-k sigmoid weights whatever ``norm_topk_prob`` says (toy GLM-4.5 /
+DeepSeek-V3 with ``norm_topk_prob: false``: logits rel 6e-2), and scores a group by the sum of its top
+``num_experts_per_tok // topk_group`` scores where transformers always sums the top 2 (equal for DeepSeek-V3's 8 // 4;
+toy DeepSeek-V3 with 4 groups, top-2 groups, top-2 experts: logits rel 0.42). ``deepseek_v2`` with
+``norm_topk_prob: true``: mcore-bridge makes megatron renormalise the top-k softmax weights (DeepSeek's own code
+does too), transformers' DeepseekV2 never does (toy: logits rel 0.11). The published configs of
+``tests/gpu/make_family_configs.py`` (DeepSeek-V2/V2-Lite/V3, Kimi-K2, GLM-4.5-Air, GLM-4.7-Flash, dots.llm1) set none
+of these values.
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -34,7 +57,15 @@ GROUP_MAX_VS_SUM_SIZE = ('about 10 % of expert choices differ from transformers 
                          'GPU, fp32; 5-19 % on random router logits)')
 GREEDY_GROUPS_SIZE = ('about 29 % of expert choices differ from transformers at 8 groups, top-3 (random router logits, '
                       'fp32)')
-TAIL = ' — upstream difference, not PLT (stock Megatron routes the same at K=1; docs/model-families.md)'
+LONGROPE_SIZE = 'toy Llama: logits rel 0.14 at twice the original length'
+SCORING_SIZE = 'other experts and weights for most tokens (toy DeepSeek-V3: logits rel {size})'
+V2_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V2: logits rel 0.11)'
+SIGMOID_ONLY = ('deepseek_v3', 'kimi_k2', 'glm4_moe', 'glm4_moe_lite')
+# families whose transformers router is DeepSeek-V3's noaux_tc (sigmoid + bias, groups by their top-2 sum)
+NOAUX_TC = SIGMOID_ONLY + ('dots1', )
+NOAUX_GROUP_SIZE = 'toy DeepSeek-V3, 8 experts in 4 groups, top-2 groups, top-2: logits rel {size}'
+SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4.5: logits rel {size})'
+TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
 
 def _get(config, key):
@@ -66,6 +97,13 @@ def upstream_difference_warnings(hf_config) -> List[str]:
     out = []
     for config in _llm_configs(hf_config):
         model_type = _get(config, 'model_type') or 'model'
+        out += _rope_warnings(config, model_type) + _scoring_warnings(config, model_type)
+        out += _noaux_tc_warnings(config, model_type)
+        topk = _get(config, 'num_experts_per_tok')
+        if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
+            out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
+                       f'top-{topk} softmax weights (as DeepSeek\'s own modeling_deepseek.py), transformers\' '
+                       'DeepseekV2 does not; ' + V2_NORM_SIZE + TAIL)
         # transformers' DeepseekV2Config defaults to greedy where config.json names no topk_method
         method = _get(config, 'topk_method') or ('greedy' if model_type == 'deepseek_v2' else None)
         limit = _group_limit(config)
@@ -81,6 +119,57 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         elif method == 'greedy':
             out.append(head + f'Megatron limits each token to {topk_group} of the {n_group} expert groups, '
                        f'transformers\' greedy routing to none; {GREEDY_GROUPS_SIZE}' + TAIL)
+    return out
+
+
+def _rope_params(config):
+    for key in ('rope_scaling', 'rope_parameters'):
+        value = _get(config, key)
+        if isinstance(value, dict) and value:
+            return value
+    return {}
+
+
+def _rope_warnings(config, model_type) -> List[str]:
+    rope = _rope_params(config)
+    if (rope.get('rope_type') or rope.get('type')) != 'longrope':
+        return []
+    original, top = rope.get('original_max_position_embeddings'), _get(config, 'original_max_position_embeddings')
+    max_pos = _get(config, 'max_position_embeddings')
+    if top is not None or original is None or max_pos is None or original >= max_pos:
+        return []  # megatron reads the top-level field, or there is no length between the two
+    return [f'[swift-plt] {model_type}: config.json rope_type=longrope (original_max_position_embeddings {original} '
+            f'in the rope parameters, max_position_embeddings {max_pos}): Megatron uses short_factor up to '
+            f'{max_pos} positions, transformers long_factor beyond {original} (sequences of {original + 1}-{max_pos} '
+            f'positions, patches at K > 1, get other RoPE frequencies; {LONGROPE_SIZE})' + TAIL]
+
+
+def _scoring_warnings(config, model_type) -> List[str]:
+    scoring = _get(config, 'scoring_func')
+    if model_type not in SIGMOID_ONLY or scoring in (None, 'sigmoid'):
+        return []
+    return [f'[swift-plt] {model_type}: config.json scoring_func={scoring}: Megatron routes by {scoring}, '
+            f'transformers\' {model_type} by sigmoid whatever the field says; '
+            + SCORING_SIZE.format(size='0.1-0.7') + TAIL]
+
+
+def _noaux_tc_warnings(config, model_type) -> List[str]:
+    """Sigmoid routing (transformers' noaux_tc router): megatron-core renormalises the top-k weights whatever
+    norm_topk_prob says (``moe_utils.topk_routing_with_score_function``), and scores a group by the sum of its top
+    ``num_experts_per_tok // topk_group`` scores where transformers takes its top 2."""
+    if model_type not in NOAUX_TC or _get(config, 'scoring_func') not in (None, 'sigmoid'):
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    limit = _group_limit(config)
+    if limit is not None and limit[2] // limit[1] != 2:
+        n_group, topk_group, topk = limit
+        out.append(head + f'n_group {n_group}, topk_group {topk_group}, num_experts_per_tok {topk}: Megatron keeps a '
+                   f'token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} expert scores, '
+                   'transformers by its top-2 (noaux_tc); ' + NOAUX_GROUP_SIZE.format(size='0.42') + TAIL)
+    topk = _get(config, 'num_experts_per_tok')
+    if _get(config, 'norm_topk_prob') is False and topk and topk > 1:
+        out.append(head + 'norm_topk_prob=false with sigmoid routing: Megatron renormalises the top-k expert weights '
+                   'anyway, transformers does not; ' + SIGMOID_NORM_SIZE.format(size='6e-2') + TAIL)
     return out
 
 

@@ -170,3 +170,47 @@ def test_patched_arguments_warn_before_startup(patch_size, tmp_path):
     assert level == 'WARNING' and line == upstream_difference_warnings(v2_config('group_limited_greedy'))[0]
     assert after == ('upstream', '_init_distributed')
     assert res['greedy'] == [('upstream', '_init_distributed')]
+
+
+# ------------------------------------- the config-option matrix's differences (tests/models/test_config_matrix_cpu.py)
+# There each is measured on a toy model (stock K=1 logits against transformers, K=4 against the brute force); here the
+# warning's trigger: which config.json values warn and which do not.
+def _longrope(**kw):
+    return dict(model_type='llama', max_position_embeddings=512, **kw)
+
+
+LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor=[2.0] * 8,
+                       original_max_position_embeddings=16)
+
+
+@pytest.mark.parametrize('config, needle', [
+    (_longrope(rope_parameters=LONGROPE_PARAMS), 'Megatron uses short_factor up to 512 positions, transformers '
+     'long_factor beyond 16'),
+    (_longrope(rope_scaling=dict(LONGROPE_PARAMS, type='longrope')), 'rope_type=longrope'),
+    (dict(model_type='deepseek_v3', scoring_func='softmax', num_experts_per_tok=2), 'Megatron routes by softmax'),
+    (dict(model_type='glm4_moe', norm_topk_prob=False, num_experts_per_tok=8, n_group=1, topk_group=1),
+     'Megatron renormalises the top-k expert weights anyway'),
+    (dict(model_type='deepseek_v3', n_routed_experts=8, n_group=4, topk_group=2, num_experts_per_tok=2,
+          norm_topk_prob=True), 'top-1 expert scores, transformers by its top-2'),
+    (dict(model_type='deepseek_v2', topk_method='greedy', n_group=1, topk_group=1, num_experts_per_tok=6,
+          norm_topk_prob=True), 'Megatron renormalises the top-6 softmax weights'),
+], ids=['longrope', 'longrope-v4-key', 'v3-softmax', 'glm4_moe-no-norm', 'v3-groups-top-1', 'v2-norm'])
+def test_warning_for_matrix_differences(config, needle):
+    (line, ) = upstream_difference_warnings(config)
+    assert needle in line and '\n' not in line and 'upstream difference, not PLT' in line
+
+
+@pytest.mark.parametrize('config', [
+    _longrope(rope_parameters=LONGROPE_PARAMS, original_max_position_embeddings=16),  # megatron reads the top level
+    _longrope(rope_parameters=dict(LONGROPE_PARAMS, original_max_position_embeddings=512)),
+    _longrope(rope_parameters=dict(rope_type='yarn', factor=4.0, original_max_position_embeddings=16)),
+    dict(model_type='dots1', scoring_func='softmax', num_experts_per_tok=6, norm_topk_prob=True),  # forced sigmoid
+    dict(model_type='deepseek_v3', scoring_func='sigmoid', n_routed_experts=256, n_group=8, topk_group=4,
+         num_experts_per_tok=8, norm_topk_prob=True),  # DeepSeek-V3: 8 // 4 = the top-2 sum
+    dict(model_type='qwen3_moe', norm_topk_prob=False, num_experts_per_tok=8),  # softmax: megatron honours it
+    dict(model_type='deepseek_v2', topk_method='greedy', n_group=1, topk_group=1, num_experts_per_tok=6,
+         norm_topk_prob=False),
+], ids=['longrope-top-level', 'longrope-no-gap', 'yarn', 'dots1-softmax', 'v3-published', 'qwen3_moe-no-norm',
+        'v2-lite'])
+def test_no_warning_for_matrix_values_that_agree(config):
+    assert upstream_difference_warnings(config) == []
