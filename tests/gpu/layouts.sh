@@ -18,7 +18,15 @@
 #            moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"); when named in LAYOUTS, qwen3_next
 #            (Gated-DeltaNet hybrid, mcore qwen3_next_plt) TP2+SP and EP2: LAYOUTS="next_tp2_sp next_ep2".
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
-#            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP.
+#            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP; in the
+#            matrix above (same waves, 4-GPU runs on GPUs 0-3), each against the 1-GPU reference of its 2-GPU
+#            kin: qwen3_moe EP4, TP2+SP x EP2 (DP2), PP2 x EP2, EP2 x DP2 with the distributed optimizer;
+#            deepseek_v3 (MLA + MoE) TP2+SP x EP2, PP2 x EP2; the critic (megatron sft) TP2 x PP2 and, for a MoE
+#            critic (qwen3_moe_critic, toy widths, critic_families.py make), EP4; MegatronCritic TP2 x DP2
+#            (critic_checks.py): LAYOUTS="moe_ep4 moe_tp2_ep2_dp2 moe_pp2_ep2 moe_ep2_dp2_dopt mla_tp2_ep2
+#            mla_pp2_ep2 critic_tp2_pp2 critic_moe_ep4 critic_engine_tp2_dp2". ms-swift 4.6 defaults to
+#            --use_distributed_optimizer true (every run here has it; moe_ep2_dp2_dopt names it); a CPU dry run
+#            turns it off (lib.sh), and there mla_tp2_ep2 fails at load (the harness's MLA under TP), not on GPUs.
 # Pass per layout: step-1 loss within LTOL (default 1e-2, bf16) of its 1-GPU reference and a falling curve. Every
 # run also reports tokens/s (GBS x max_length slots per step, after WARM steps) and peak memory (ms-swift's
 # memory(GiB)). Logs in $OUT, the summary in $OUT/layouts_summary.txt (appended as it goes), last line
@@ -66,19 +74,23 @@ FAMILY_LAYOUTS="moe_ep2 moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_
 # the hybrid's layouts run only when named in LAYOUTS: fla 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on
 # Hopper GPUs (H100 / H200), and torch 2.11 comes with Triton 3.6 (tests/gpu/README.md, Last results)
 HYBRID_LAYOUTS="next_tp2_sp next_ep2"
+# the 4-GPU runs of the matrix (GPUs 0-3)
+FOUR_LAYOUTS="moe_ep4 moe_tp2_ep2_dp2 moe_pp2_ep2 moe_ep2_dp2_dopt mla_tp2_ep2 mla_pp2_ep2 critic_tp2_pp2 critic_moe_ep4
+  critic_engine_tp2_dp2"
+FOUR_LAYOUTS=$(echo $FOUR_LAYOUTS)
 if [ -z "${LAYOUTS:-}" ]; then
   case $NGPU in
   0) LAYOUTS="" ;;
   1) LAYOUTS="stream1b" ;;
   2 | 3) LAYOUTS="tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS" ;;
-  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS tp4_sp_1b tp2_cp2 tp2_pp2_sp" ;;
+  *) LAYOUTS="tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS tp4_sp_1b tp2_cp2 tp2_pp2_sp $FOUR_LAYOUTS" ;;
   esac
 fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
 say "layouts: ${LAYOUTS:-(none)}"
 [ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS $HYBRID_LAYOUTS" \
   "2-GPU part: needs 2 GPUs, $NGPU visible"
-[ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp" "4-GPU part: needs 4 GPUs, $NGPU visible"
+[ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp $FOUR_LAYOUTS" "4-GPU part: needs 4 GPUs, $NGPU visible"
 
 # ------------------------------------------------------------------------------------------------ runs
 TINY_COMMON=(--patch_size 4 --dataset "$TINY/data/train.jsonl" --max_length 512 --attention_backend fused
@@ -107,6 +119,8 @@ CRITIC_ARGS=(--model "$W/critic" --model_type llama3_2_critic --custom_register_
   --attention_backend fused --lr 2e-3 --min_lr 1e-4 --lr_warmup_iters 2 --torch_dtype bfloat16 --logging_steps 1
   --train_iters "$ITERS" --save_steps 100000 --no_save_optim true --no_save_rng true --save_safetensors false
   --dataloader_num_workers 2 --dataset_num_proc 4)
+# the MoE critic (critic_moe_*): the tiny qwen3_moe structure as a critic, $W/moe_critic (made when named)
+MOE_CRITIC_ARGS=(--model "$W/moe_critic" --model_type qwen3_moe_critic "${CRITIC_ARGS[@]:4}")
 
 run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, logs $OUT/NAME.log, rc/secs in $R/NAME
   local name=$1 gpus=$2 capped=$3 cmd=$4 n od f t=$SECONDS rc
@@ -242,7 +256,7 @@ fi
 # says so), memory is per process.
 if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   PAR=${PAR:-4}
-  say "== 2-GPU matrix: references and layouts, $PAR 2-GPU runs at a time on GPUs 0,1 (tokens/s: shared GPUs), $(now)"
+  say "== 2-GPU matrix: references and layouts, $PAR 2-GPU runs at a time on GPUs 0,1 (4-GPU layouts on GPUs 0-3; tokens/s: shared GPUs), $(now)"
   PIDS=()
   spawn() { # spawn NAME GPUS CAP CMD -- args: `run` in the background on its own port; rc line in $W/NAME.rc
     local name=$1
@@ -253,10 +267,14 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   engine() { # engine NAME GPUS NPROC [mg-kwargs]: tests/gpu/critic_checks.py (MegatronCritic) -> $OUT/NAME.json
     local name=$1 gpus=$2 np=$3 kw=${4:-'{}'}
     PORT_N=$((${PORT_N:-0} + 1))
+    if [ "${SWIFT_PLT_GPU_DRY_RUN:-0}" = 1 ]; then # the harness's CPU kwargs (lib.sh), the layout's on top
+      kw=$(python3 -c 'import json, sys; print(json.dumps({**json.loads(sys.argv[1]), **json.loads(sys.argv[2])}))' \
+        "${ENGINE_MG_KWARGS:-{\}}" "$kw")
+    fi
     (
       CUDA_VISIBLE_DEVICES=$(dev "$gpus") timeout -k 10 "$(cap 200)" torchrun --nproc_per_node "$np" \
         --master_port $((29600 + 7 * PORT_N)) tests/gpu/critic_checks.py --model "$W/critic" --json "$OUT/$name.json" \
-        --mg-kwargs "$kw" >"$OUT/$name.log" 2>&1
+        --mg-kwargs "$kw" --dtype "${ENGINE_DTYPE:-bf16}" >"$OUT/$name.log" 2>&1
       echo "rc=$?" >"$W/$name.rc"
     ) &
     PIDS+=($!)
@@ -281,7 +299,13 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   # the --packing reference pads documents as the CP2 run does, so it packs the same rows (tests/gpu/pack_as_cp)
   want cp2_zigzag_packed && PYTHONPATH=$REPO/tests/gpu/pack_as_cp${PYTHONPATH:+:$PYTHONPATH} SWIFT_PLT_CPU_PACK_AS_CP=2 \
     spawn ref_packed 1 200 pt -- "${TINY_ARGS[@]}" --packing true
-  want critic_dp2 && spawn critic_ref 1 200 sft -- "${CRITIC_ARGS[@]}"
+  if want critic_dp2 || want critic_tp2_pp2; then spawn critic_ref 1 200 sft -- "${CRITIC_ARGS[@]}"; fi
+  if want critic_moe_ep4; then
+    python3 tests/gpu/critic_families.py make --spec qwen3-30b-a3b-cut --tiny --layers 2 --out "$W/moe_critic" \
+      >"$OUT/make_moe_critic.log" 2>&1
+    say "moe critic: rc=$? $(sed -n 's/^critic: \(.*\) -> .*/\1/p' "$OUT/make_moe_critic.log"); $(now)"
+    spawn critic_moe_ref 0 200 sft -- "${MOE_CRITIC_ARGS[@]}"
+  fi
   fam_refs=()
   for f in moe mla qwen3 next; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
   if [ ${#fam_refs[@]} -gt 0 ]; then
@@ -295,7 +319,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
       g=$((1 - g))
     done
   fi
-  want critic_engine_cp2 && engine engine_1gpu 0 1
+  if want critic_engine_cp2 || want critic_engine_tp2_dp2; then engine engine_1gpu 0 1; fi
   # the 2-GPU layouts: NAME|REF|LABEL|flags (REF '-' = checked on its own below)
   MATRIX=(
     "tp2_sp|ref|TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
@@ -316,6 +340,19 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "next_tp2_sp|next_ref|qwen3_next (Gated DeltaNet) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
     "next_ep2|next_ref|qwen3_next (Gated DeltaNet) EP2|--expert_model_parallel_size 2"
   )
+  # the 4-GPU layouts (GPUs 0-3), the same way; the data-parallel size is what the other sizes leave of 4
+  [ "$NGPU" -ge 4 ] && MATRIX+=(
+    "moe_ep4|moe_ref|qwen3_moe EP4 (DP4)|--expert_model_parallel_size 4"
+    "moe_tp2_ep2_dp2|moe_ref|qwen3_moe TP2+SP x EP2 (expert TP 1), DP2|--tensor_model_parallel_size 2 --sequence_parallel true --expert_model_parallel_size 2 --expert_tensor_parallel_size 1"
+    "moe_pp2_ep2|moe_ref|qwen3_moe PP2 x EP2 (DP2)|--pipeline_model_parallel_size 2 --expert_model_parallel_size 2"
+    "moe_ep2_dp2_dopt|moe_ref|qwen3_moe EP2 x DP2 (DP4, expert DP2), distributed optimizer|--expert_model_parallel_size 2 --use_distributed_optimizer true"
+    "mla_tp2_ep2|mla_ref|deepseek_v3 (MLA + MoE) TP2+SP x EP2 (expert TP 1)|--tensor_model_parallel_size 2 --sequence_parallel true --expert_model_parallel_size 2 --expert_tensor_parallel_size 1"
+    "mla_pp2_ep2|mla_ref|deepseek_v3 (MLA + MoE) PP2 x EP2 (DP2)|--pipeline_model_parallel_size 2 --expert_model_parallel_size 2"
+    "critic_tp2_pp2|critic_ref|critic TP2 x PP2 (scalar rewards)|--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2"
+    "critic_moe_ep4|critic_moe_ref|MoE critic (qwen3_moe_critic) EP4 (scalar rewards)|--expert_model_parallel_size 4"
+    "critic_engine_tp2_dp2|engine_1gpu|critic engine TP2 x DP2 (MegatronCritic)|"
+  )
+  gpus_of() { [[ " $FOUR_LAYOUTS " == *" $1 "* ]] && echo 0,1,2,3 || echo 0,1; }
   n_wave=0 # 2-GPU runs in this wave (the first wave also has the references)
   for entry in "${MATRIX[@]}"; do
     IFS='|' read -r name ref label flags <<<"$entry"
@@ -328,11 +365,13 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     fi
     # shellcheck disable=SC2086
     case $name in
-    critic_dp2) spawn critic_dp2 0,1 200 sft -- "${CRITIC_ARGS[@]}" ;;
+    critic_dp2 | critic_tp2_pp2) spawn "$name" "$(gpus_of "$name")" 200 sft -- "${CRITIC_ARGS[@]}" $flags ;;
+    critic_moe_ep4) spawn critic_moe_ep4 0,1,2,3 200 sft -- "${MOE_CRITIC_ARGS[@]}" $flags ;;
     critic_engine_cp2) engine engine_cp2 0,1 2 '{"context_parallel_size": 2}' ;;
+    critic_engine_tp2_dp2) engine engine_tp2_dp2 0,1,2,3 4 '{"tensor_model_parallel_size": 2, "global_batch_size": 2}' ;;
     *)
       base_args "$name"
-      spawn "$name" 0,1 200 pt -- "${BASE[@]}" $flags
+      spawn "$name" "$(gpus_of "$name")" 200 pt -- "${BASE[@]}" $flags
       ;;
     esac
     n_wave=$((n_wave + 1))
@@ -357,16 +396,18 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
         check cp2_contiguous 1
       fi
       ;;
-    critic_dp2) # critic_checks --cp is the generic "2-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
+    critic_dp2 | critic_tp2_pp2 | critic_moe_ep4)
+      # critic_checks --cp is the generic "n-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
       say "-- $label vs 1 GPU"
-      $CHECK --cp "critic DP2 (scalar rewards)" "$OUT/critic_ref.log" "$OUT/critic_dp2.log" --ltol "$LTOL" \
-        --min-drop 0.7 2>&1 | sed 's/^CP /DP2 /' | tee -a "$SUM"
-      check critic_dp2 $?
+      tag=$(echo "${name#critic_}" | sed 's/^moe_//; s/_/x/g' | tr a-z A-Z) # DP2, TP2xPP2, EP4
+      $CHECK --cp "$label" "$OUT/$ref.log" "$OUT/$name.log" --ltol "$LTOL" \
+        --min-drop 0.7 2>&1 | sed "s/^CP /$tag /; s/(CP=2)/($tag)/; s/ CP=2 / $tag /" | tee -a "$SUM"
+      check "$name" $?
       ;;
-    critic_engine_cp2)
-      say "-- $label vs 1 GPU: $(cat "$W/engine_1gpu.rc" 2>/dev/null) / $(cat "$W/engine_cp2.rc" 2>/dev/null)"
-      $CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_cp2.json" 2>&1 | tee -a "$SUM"
-      check critic_engine_cp2 $?
+    critic_engine_cp2 | critic_engine_tp2_dp2)
+      say "-- $label vs 1 GPU: $(cat "$W/engine_1gpu.rc" 2>/dev/null) / $(cat "$W/engine_${name#critic_engine_}.rc" 2>/dev/null)"
+      $CHECK --compare "$OUT/engine_1gpu.json" "$OUT/engine_${name#critic_engine_}.json" 2>&1 | tee -a "$SUM"
+      check "$name" $?
       ;;
     *) compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK" ;;
     esac
