@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from harness.dist import spawn
 from swift_plt.compat.transformers import critic_head_has_bias, hf_rope_guard
 from swift_plt.critic.families import CRITIC_FAMILIES, critic_for, family_refusal
-from swift_plt.tools.tiny_families import make_tiny_family
+from swift_plt.tools.tiny_families import make_tiny_family, unavailable
 
 pytestmark = pytest.mark.xdist_group('critic_families_cpu')
 
@@ -39,6 +39,8 @@ def family_dirs(tmp_path_factory):
     dirs = {}
 
     def get(family, critic=False):
+        if unavailable(family):  # Qwen3.5 on transformers 4.57 (no Qwen3_5Config there)
+            pytest.skip(unavailable(family))
         if family not in dirs:
             root = tmp_path_factory.mktemp(family)
             lm = make_tiny_family(family, str(root / 'lm'), vocab_size=VOCAB)
