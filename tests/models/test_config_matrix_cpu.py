@@ -1,4 +1,4 @@
-"""The config-option matrix (issue 39, item 2): for the accepted `gpt` families, each config.json field that changes the
+"""The config-option matrix: for the accepted `gpt` families, each config.json field that changes the
 forward pass, one toy-width fp32 case per value that matters (``make_tiny_family(family, dir, **overrides)``):
 
 * stock Megatron (mcore-bridge's model type, no plugin code) at K=1: logits = the family's HF model's (rel 1e-5);

@@ -2,7 +2,7 @@
 model (mcore-bridge + megatron-core, no plugin code, K=1) differs from transformers, and the upstream difference
 itself, measured here so that the warning goes stale loudly (these tests fail) if upstream changes.
 
-DeepSeek-V2 ``topk_method: group_limited_greedy`` (issue 39): transformers scores an expert group by its best expert
+DeepSeek-V2 ``topk_method: group_limited_greedy``: transformers scores an expert group by its best expert
 score, megatron-core by the sum of its top ``num_experts_per_tok // topk_group`` scores."""
 from types import SimpleNamespace
 
