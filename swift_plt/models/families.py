@@ -64,7 +64,7 @@ def plt_mcore_types() -> tuple:
     upstream = (MCORE_GPT_TYPE, *sorted(set(FAMILY_MCORE_TYPES.values())))
     return upstream + tuple(plt_mcore_type(t) for t in upstream)
 
-# mcore-bridge's `gpt` list this table was written against (check_mcore_gpt_types)
+# mcore-bridge's `gpt` list this table was written against (tests/models/test_family_table.py)
 MCORE_GPT_TYPES_VERIFIED = ('qwen2', 'llama', 'qwen3', 'qwen2_moe', 'qwen3_moe', 'internlm3', 'mimo', 'deepseek',
                             'deepseek_v2', 'deepseek_v3', 'deepseek_v32', 'kimi_k2', 'dots1', 'ernie4_5',
                             'ernie4_5_moe', 'glm4_moe', 'glm4_moe_lite', 'gpt_oss')
@@ -162,18 +162,11 @@ def structure(model_type: Optional[str]) -> str:
     return FAMILIES.get(model_type, '')
 
 
-def check_mcore_gpt_types(mcore_gpt_types) -> None:
-    """Fail loudly when mcore-bridge no longer builds a supported family as `gpt` (upstream moved)."""
-    moved = sorted(set(FAMILIES) - set(FAMILY_MCORE_TYPES) - set(mcore_gpt_types))
-    if moved:
-        raise RuntimeError(f'mcore-bridge no longer builds {moved} as its `gpt` model (swift-plt was verified against '
-                           f'{MCORE_BRIDGE_VERIFIED}): update swift-plt\'s family table.')
-
-
-def check_mcore_hybrid_types(mcore_type: str, hf_types) -> None:
-    """Fail loudly when mcore-bridge's ``mcore_type`` no longer builds the families mapped to it (the hybrids',
-    ``olmoe``)."""
-    moved = sorted(t for t, m in FAMILY_MCORE_TYPES.items() if m == mcore_type and t not in hf_types)
+def check_mcore_family_types(mcore_type: str, hf_types) -> None:
+    """Fail loudly when mcore-bridge's model type ``mcore_type`` (``gpt``, a hybrid's, ``olmoe``) no longer builds
+    every supported family this table maps to it (``hf_types``: its meta's model_types; upstream moved)."""
+    moved = sorted(t for t in FAMILIES
+                   if FAMILY_MCORE_TYPES.get(t, MCORE_GPT_TYPE) == mcore_type and t not in hf_types)
     if moved:
         raise RuntimeError(f'mcore-bridge no longer builds {moved} as `{mcore_type}` (swift-plt was verified against '
                            f'{MCORE_BRIDGE_VERIFIED}): update swift-plt\'s family table.')

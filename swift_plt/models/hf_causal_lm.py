@@ -83,10 +83,10 @@ class PLTCausalLM:
             return CausalLMOutputWithPast(
                 loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
         # the family's load-balancing loss over the routed rows, which are patches (the patch padding mask)
-        router = self._router_config()
-        aux_loss = aux_loss_func(outputs.router_logits, router.num_experts, router.num_experts_per_tok, attention_mask)
+        text = self._text_config()
+        aux_loss = aux_loss_func(outputs.router_logits, text.num_experts, text.num_experts_per_tok, attention_mask)
         if loss is not None:
-            loss = loss + router.router_aux_loss_coef * aux_loss.to(loss.device)
+            loss = loss + text.router_aux_loss_coef * aux_loss.to(loss.device)
         return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions,
                                          router_logits=outputs.router_logits)
@@ -95,20 +95,21 @@ class PLTCausalLM:
         """The family's ``load_balancing_loss_func`` where its forward would add the router aux loss now, else None
         (kwargs: the forward's, ``output_router_logits`` set as the family's forward sets it)."""
         func = getattr(sys.modules[self.plain_class().__module__], 'load_balancing_loss_func', None)
-        if func is None or getattr(self._router_config(), 'router_aux_loss_coef', None) is None:
+        if func is None or getattr(self._text_config(), 'router_aux_loss_coef', None) is None:
             return None
         flag = kwargs.get('output_router_logits')
         if flag is None:
-            flag = getattr(self._router_config(), 'output_router_logits', False)
+            flag = getattr(self._text_config(), 'output_router_logits', False)
         kwargs['output_router_logits'] = flag
         return func if flag else None
 
     def _has_linear_attention(self) -> bool:
         """Gated-DeltaNet layers (Qwen3-Next, Qwen3.5): ``linear_attention`` in the text config's layer types."""
-        return 'linear_attention' in (getattr(self._router_config(), 'layer_types', None) or ())
+        return 'linear_attention' in (getattr(self._text_config(), 'layer_types', None) or ())
 
-    def _router_config(self):
-        """The config that holds the router settings: the text config of a multimodal checkpoint, else the config."""
+    def _text_config(self):
+        """The config of the decoder (layer types, router settings): a multimodal checkpoint's text config, else the
+        config."""
         return getattr(self.config, 'text_config', self.config)
 
     def generate(self, *args, **kwargs):

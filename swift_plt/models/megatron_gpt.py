@@ -1,7 +1,8 @@
-"""The Megatron side of PLT: config, GPTModel and loader for mcore-bridge, for every `gpt` family, the hybrid
-Gated-DeltaNet families (swift_plt/models/families.py) and ``llama3_2_plt``. At K > 1 ``PLTGPTModel`` pools token embeddings into patches,
-hands upstream's forward patch-level positions, masks and THD boundaries (so attention, MLA's RoPE, MoE routing and
-the Gated DeltaNet's convolution and recurrence run over patches), and returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
+"""The Megatron side of PLT: config, GPTModel and loader for mcore-bridge, for every family of
+swift_plt/models/families.py (`gpt`, OLMoE, the Gated-DeltaNet hybrids) and ``llama3_2_plt``. At K > 1
+``PLTGPTModel`` pools token embeddings into patches, hands upstream's forward patch-level positions, masks and THD
+boundaries (so attention, MLA's RoPE, MoE routing and the Gated DeltaNet's convolution and recurrence run over
+patches), and returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
 docs/parallel-layouts.md, families: docs/model-families.md). K=1: upstream's methods as is.
 """
 import copy

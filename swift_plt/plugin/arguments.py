@@ -97,16 +97,12 @@ def check_plt_supported(args, k: int) -> None:
 
 
 def hybrid_problems(args) -> list:
-    """What a Gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5) cannot do at K > 1."""
-    import os
-    problems = []
+    """What a Gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5) cannot do at K > 1. (Its transformers-module path,
+    ``USE_MCORE_GDN=0``, is refused where every family's is: the loader guard, swift_plt.models.megatron_gpt.)"""
     if (getattr(args, 'context_parallel_size', 1) or 1) > 1:
-        problems.append('--context_parallel_size > 1 (megatron-core 0.16\'s Gated DeltaNet has no context parallel, '
-                        'at any K; use tensor, pipeline or expert parallel)')
-    if os.environ.get('USE_MCORE_GDN', '1').lower() in ('0', 'false'):
-        problems.append('USE_MCORE_GDN=0 (the transformers-module Gated DeltaNet of mcore-bridge is not verified at '
-                        'patch level; unset it to use megatron-core\'s)')
-    return problems
+        return ['--context_parallel_size > 1 (megatron-core 0.16\'s Gated DeltaNet has no context parallel, at any K; '
+                'use tensor, pipeline or expert parallel)']
+    return []
 
 
 # HF backend (`swift pt/sft`): options with which ms-swift's HF trainer computes the loss outside the model

@@ -1,8 +1,9 @@
 """Registration of ``llama3_2_plt`` and the critic types (``llama3_2_critic``, ``qwen3_critic``, ...) with ms-swift
-(HF side) and mcore-bridge (Megatron side), and of ``gpt_plt`` / ``qwen3_next_plt`` / ``qwen3_5_plt``, the mcore-bridge model
-types the families train through at K > 1. Idempotent. The plugin registers them when it activates (``register_hf``: ms-swift's model
-registry imported; ``register_megatron``: ms-swift's Megatron arguments imported), so no ``--custom_register_path``
-is needed; ``custom_model/llama.py`` (``register_all``) re-registers them harmlessly."""
+(HF side) and mcore-bridge (Megatron side), and of ``<mcore type>_plt`` (``gpt_plt``, ``qwen3_next_plt``, ...), the
+mcore-bridge model types the families train through at K > 1. Idempotent. The plugin registers them when it activates
+(``register_hf``: ms-swift's model registry imported; ``register_megatron``: ms-swift's Megatron arguments
+imported), so no ``--custom_register_path`` is needed; ``custom_model/llama.py`` (``register_all``) re-registers them
+harmlessly."""
 from swift_plt import PLT_MODEL_TYPE
 
 
@@ -59,10 +60,7 @@ def plt_model_meta(mcore_type: str):
     meta = get_model_meta(plt_type)
     if meta is None:
         upstream = get_model_meta(mcore_type)
-        if mcore_type == families.MCORE_GPT_TYPE:
-            families.check_mcore_gpt_types(upstream.model_types)
-        else:
-            families.check_mcore_hybrid_types(mcore_type, upstream.model_types)
+        families.check_mcore_family_types(mcore_type, upstream.model_types)
         meta = ModelMeta(plt_type, [], bridge_cls=upstream.bridge_cls, visual_cls=upstream.visual_cls,
                          loader=plt_loader(mcore_type, upstream), config_cls=PLTModelConfig)
         register_model(meta)

@@ -14,7 +14,7 @@ def test_table_matches_installed_mcore_bridge():
     (types, ) = spawn(_gpt_types, 1)
     assert sorted(types) == sorted(families.MCORE_GPT_TYPES_VERIFIED)
     assert set(families.FAMILIES) - set(families.FAMILY_MCORE_TYPES) | set(families.REFUSED) == set(types)
-    families.check_mcore_gpt_types(types)
+    families.check_mcore_family_types('gpt', types)
 
 
 def _hybrid_types():
@@ -26,10 +26,10 @@ def test_hybrid_table_matches_installed_mcore_bridge():
     """Each hybrid family is built by the mcore-bridge type the table names, with the loader PLT wraps."""
     (types, ) = spawn(_hybrid_types, 1)
     for mcore_type, hf_types in types.items():
-        families.check_mcore_hybrid_types(mcore_type, hf_types)
+        families.check_mcore_family_types(mcore_type, hf_types)
     assert {t for hf in types.values() for t in hf} >= set(families.HYBRID_MCORE_TYPES)
     with pytest.raises(RuntimeError, match=r"no longer builds \['qwen3_5_moe'\] as `qwen3_5`"):
-        families.check_mcore_hybrid_types('qwen3_5', ['qwen3_5'])
+        families.check_mcore_family_types('qwen3_5', ['qwen3_5'])
 
 
 def _plt_hybrid_metas():
@@ -47,8 +47,8 @@ def test_hybrid_plt_metas_wrap_the_verified_loader():
 
 def test_guard_fails_when_a_family_moves():
     types = [t for t in families.MCORE_GPT_TYPES_VERIFIED if t != 'qwen3_moe']
-    with pytest.raises(RuntimeError, match=r"no longer builds \['qwen3_moe'\] as its `gpt` model"):
-        families.check_mcore_gpt_types(types)
+    with pytest.raises(RuntimeError, match=r"no longer builds \['qwen3_moe'\] as `gpt` \(swift-plt was verified"):
+        families.check_mcore_family_types('gpt', types)
 
 
 def _registered_types():

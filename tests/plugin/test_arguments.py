@@ -133,16 +133,37 @@ def test_hybrid_families_train_at_k_gt_1_through_their_plt_meta(model_type, monk
 
 
 @pytest.mark.parametrize('model_type', ['qwen3_next', 'qwen3_5'])
-def test_hybrid_refusals_say_why(model_type, monkeypatch):
-    """Context parallel (megatron-core 0.16's Gated DeltaNet has none) and mcore-bridge's transformers-module GDN
-    (USE_MCORE_GDN=0) are refused at K > 1 before step 1; neither matters at K = 1."""
+def test_hybrid_context_parallel_is_refused_with_why(model_type):
+    """Context parallel (megatron-core 0.16's Gated DeltaNet has none) is refused at K > 1 before step 1; not at K=1."""
     with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: --context_parallel_size > 1 '
                        r"\(megatron-core 0.16's Gated DeltaNet has no context parallel"):
         resolve_patch_size(hybrid_args(model_type, patch_size=4, context_parallel_size=2))
-    monkeypatch.setenv('USE_MCORE_GDN', '0')
-    with pytest.raises(ValueError, match=r'USE_MCORE_GDN=0 \(the transformers-module Gated DeltaNet'):
-        resolve_patch_size(hybrid_args(model_type, patch_size=4))
     assert resolve_patch_size(hybrid_args(model_type, patch_size=1, context_parallel_size=2)) == 1
+
+
+def _resolve_with_mcore_meta(model_type, mcore_type, k):
+    """resolve_patch_size with mcore-bridge's own meta of ``mcore_type`` (this process's USE_MCORE_GDN)."""
+    from mcore_bridge.model import get_model_meta
+    args = hybrid_args(model_type, patch_size=k)
+    args.megatron_model_meta = get_model_meta(mcore_type)
+    try:
+        return resolve_patch_size(args), None
+    except ValueError as e:
+        return None, str(e)
+
+
+@pytest.mark.slow
+def test_use_mcore_gdn_0_is_refused_at_k_gt_1(monkeypatch):
+    """USE_MCORE_GDN=0 (mcore-bridge's transformers-module Gated DeltaNet, not verified at patch level) registers
+    another loader and bridge for the hybrids: K > 1 is refused before step 1, naming them; K=1 is upstream's."""
+    from harness.dist import spawn
+    monkeypatch.setenv('USE_MCORE_GDN', '0')
+    ((k4, message), ) = spawn(_resolve_with_mcore_meta, 1, 'qwen3_next', 'qwen3_next', 4, fresh=True)
+    assert k4 is None and message.startswith('--patch_size 4: mcore-bridge builds `qwen3_next` differently')
+    assert 'its loader is mcore_bridge.model.gpts.qwen3_next.Qwen3NextLoader, not the ' \
+        'mcore_bridge.model.gpts.qwen3_next_gdn.Qwen3NextLoader' in message and 'Unset USE_MCORE_GDN' in message
+    ((k1, none), ) = spawn(_resolve_with_mcore_meta, 1, 'qwen3_next', 'qwen3_next', 1, fresh=True)
+    assert (k1, none) == (1, None)
 
 
 @pytest.mark.parametrize('k', [0, -1, True])

@@ -1,7 +1,8 @@
-"""ms-swift ``Template``. ``_encode_truncated``: at K > 1 a sample with media refused, every document padded to a multiple of K (padding-free
-under CP: 2*CP*K) with its first patch -100; critic row targets encoded. ``_handle_megatron_cp`` /
-``_get_megatron_cp_length``: CP padding 2*CP*K instead of 2*CP. ``_data_collator``: CP tail positions restart every
-2*CP*K; critic targets collated like input_ids (docs/parallel-layouts.md#context-parallel, docs/critic_training.md).
+"""ms-swift ``Template``. ``_encode_truncated``: at K > 1 a sample with media refused, every document padded to a
+multiple of K (padding-free under CP: 2*CP*K) with its first patch -100; critic row targets encoded.
+``_handle_megatron_cp`` / ``_get_megatron_cp_length``: CP padding 2*CP*K instead of 2*CP. ``_data_collator``: CP tail
+positions restart every 2*CP*K; critic targets collated like input_ids (docs/parallel-layouts.md#context-parallel,
+docs/critic_training.md).
 """
 import functools
 
