@@ -21,7 +21,8 @@
 #      qwen3-next-80b-a3b-cut), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8), RUN_TIMEOUT (150 s a run may hold
 #      the GPU), BUDGET (290 s from the start; the launcher gives no turn with less than TURN_SECS (40) left and kills
 #      everything at BUDGET - 10 s), LOOKAHEAD (3), OUT (/tmp/plt_tput_families_out), TPUT_WORK
-#      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), SWIFT_PLT_GPU_ENV (sourced first),
+#      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), NPROC (GPUs of every run, 1; the
+#      layout's flags in EXTRA_ARGS), SWIFT_PLT_GPU_ENV (sourced first),
 #      RUNS (run names, default LABEL_stock LABEL_plt4 per model; LABEL_plt1 adds the plugin at K=1), PROFILE_STEP
 #      (n: step n of the first round's runs under torch.profiler; the summary prints K=4 against plt1, else stock).
 set -o pipefail
@@ -75,5 +76,5 @@ python3 benchmarks/throughput/tput_launch.py --work "$W" "${FAMILY_ARGS[@]}" --t
   --rounds "$ROUNDS" --rounds-m8 0 --mbs "$MBS" --gbs "$GBS" --iters "$ITERS" --lookahead "$LOOKAHEAD" \
   --profile-step "${PROFILE_STEP:-0}" ${RUNS:+--names "$RUNS"} \
   --turn-secs "$TURN_SECS" --run-timeout "${RUN_TIMEOUT:-150}" --deadline "$(python3 -c "print($T0 + $BUDGET - 10)")" \
-  --extra-args="${EXTRA_ARGS:-}" ${MEGATRON:+--megatron "$MEGATRON"}
+  --nproc "${NPROC:-1}" --extra-args="${EXTRA_ARGS:-}" ${MEGATRON:+--megatron "$MEGATRON"}
 python3 benchmarks/throughput/families_summary.py "$W" --warm "$WARM" --json "$OUT/families_throughput.json"

@@ -149,7 +149,7 @@ class Launcher:
         env = dict(os.environ)
         env.update({
             'SWIFT_PLT_DISABLE': disable,
-            'NPROC_PER_NODE': '1',
+            'NPROC_PER_NODE': str(a.nproc),
             'MASTER_PORT': str(29500 + 37 * (run.idx % 50) + 11),
             'HF_DATASETS_CACHE': os.path.join(a.work, 'cache'),
             'TORCHINDUCTOR_CACHE_DIR': os.path.join(a.work, 'inductor_cache'),
@@ -373,6 +373,8 @@ def main(argv=None):
     ap.add_argument('--fail-file', default=None, help='if it appears while waiting for --wait-file: stop')
     ap.add_argument('--poll', type=float, default=0.1)
     ap.add_argument('--positions', type=int, default=POSITIONS, help='positions per sequence: max_length = K * this')
+    ap.add_argument('--nproc', type=int, default=1, help="GPUs of every run (NPROC_PER_NODE; the layout's flags go in "
+                    '--extra-args)')
     ap.add_argument('--extra-args', default='', help='appended to every command line (later flags win)')
     a = ap.parse_args(argv)
     family_names = add_families(a.family)

@@ -8,7 +8,7 @@ On one batch (B=2, S=256 token ids of real text from the jsonl):
   1. plain transformers FIRST (mcore-bridge's rope code replaces transformers' ROPE_INIT_FUNCTIONS['default'] once
      it runs): AutoModelForCausalLM.from_pretrained(--hf, trust_remote_code=False) in fp32 (eager attention, no
      TF32) and in bf16; the same for --source (the initial weights: a control of how far training moved logits).
-  2. Megatron: the model `megatron pt` builds (tests/gpu/parity.py:build_megatron, llama3_2_plt at patch_size 1)
+  2. Megatron: the model `megatron pt` builds (tests/gpu/parity.py:build_megatron, --model-type at patch_size 1)
      with the checkpoint's weights loaded by ms-swift's load_mcore_checkpoint (weights only, as the two-stage recipe
      hands stage 1 to stage 2): bf16 params + fused attention (as trained), and fp32 params + unfused attention.
 Prints `EXPORT_LOGITS ...` lines: max |megatron - hf|, rel = max|d| / max|hf|, mean |d|, argmax agreement;
@@ -64,6 +64,7 @@ def main():
     ap.add_argument('--data', required=True)
     ap.add_argument('--json')
     ap.add_argument('--port', type=int, default=29731)
+    ap.add_argument('--model-type', default='llama3_2_plt', help="the checkpoint's `--model_type` (e.g. qwen3_next)")
     a = ap.parse_args()
     ids = parity.make_batch(a.hf, a.data, 2, 256)
     ref = {p: hf_logits(a.hf, ids, dt) for p, dt in (('fp32', torch.float32), ('bf16', torch.bfloat16))}
@@ -74,7 +75,7 @@ def main():
     fp32_diff = None
     for prec, dtype, attn in (('bf16', torch.bfloat16, 'fused'), ('fp32', torch.float32, 'unfused')):
         try:
-            args, model = parity.build_megatron(a.source, 'llama3_2_plt', 1, dtype, attn)
+            args, model = parity.build_megatron(a.source, a.model_type, 1, dtype, attn)
             args.mcore_model = a.checkpoint
             load_mcore_checkpoint(args, [model], load_arg='mcore_model')
             mg = parity.mg_forward(model, ids.cuda()).float().cpu()[..., :ref['fp32'].shape[-1]]

@@ -16,7 +16,8 @@
 #            the family part (K=4, toy widths, the family's own --model_type): qwen3_moe EP2, TP2+SP, PP2 and
 #            TP2+SP x EP2; deepseek_v3 (MLA) TP2+SP and EP2; qwen3 CP2 THD (only these: LAYOUTS="moe_ep2
 #            moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"); when named in LAYOUTS, qwen3_next
-#            (Gated-DeltaNet hybrid, mcore qwen3_next_plt) TP2+SP and EP2: LAYOUTS="next_tp2_sp next_ep2".
+#            (Gated-DeltaNet hybrid, mcore qwen3_next_plt) TP2+SP and EP2, qwen3_5 TP2+SP and qwen3_5_moe EP2
+#            (mcore qwen3_5_plt): LAYOUTS="next_tp2_sp next_ep2 q35_tp2_sp q35moe_ep2".
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
 #            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP; in the
 #            matrix above (same waves, 4-GPU runs on GPUs 0-3), each against the 1-GPU reference of its 2-GPU
@@ -71,9 +72,9 @@ else # 1 GPU: only the 1B runs (no critic, no tiny matrix)
 fi
 
 FAMILY_LAYOUTS="moe_ep2 moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"
-# the hybrid's layouts run only when named in LAYOUTS: fla 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on
+# the hybrids' layouts run only when named in LAYOUTS: fla 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on
 # Hopper GPUs (H100 / H200), and torch 2.11 comes with Triton 3.6 (tests/gpu/README.md, Last results)
-HYBRID_LAYOUTS="next_tp2_sp next_ep2"
+HYBRID_LAYOUTS="next_tp2_sp next_ep2 q35_tp2_sp q35moe_ep2"
 # the 4-GPU runs of the matrix (GPUs 0-3)
 FOUR_LAYOUTS="moe_ep4 moe_tp2_ep2_dp2 moe_pp2_ep2 moe_ep2_dp2_dopt mla_tp2_ep2 mla_pp2_ep2 critic_tp2_pp2 critic_moe_ep4
   critic_engine_tp2_dp2"
@@ -104,8 +105,9 @@ TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_pat
 # group-limited sigmoid routing, a dense first layer), qwen3 (QK-norm), qwen3_next (3 Gated DeltaNet layers + 1 gated
 # attention, 8 experts top-2 and a shared expert; mcore qwen3_next_plt; no CP: megatron-core 0.16's GDN has none)
 FAM=$W/families
-declare -A FAM_DIR=([moe]=qwen3-30b-a3b-cut [mla]=deepseek-v3-cut [qwen3]=qwen3-1.7b [next]=qwen3-next-80b-a3b-cut)
-declare -A FAM_TYPE=([moe]=qwen3_moe [mla]=deepseek_v3 [qwen3]=qwen3 [next]=qwen3_next)
+declare -A FAM_DIR=([moe]=qwen3-30b-a3b-cut [mla]=deepseek-v3-cut [qwen3]=qwen3-1.7b [next]=qwen3-next-80b-a3b-cut
+  [q35]=qwen3.5-27b-cut [q35moe]=qwen3.5-35b-a3b-cut)
+declare -A FAM_TYPE=([moe]=qwen3_moe [mla]=deepseek_v3 [qwen3]=qwen3 [next]=qwen3_next [q35]=qwen3_5 [q35moe]=qwen3_5_moe)
 base_args() { # base_args NAME: BASE=(the run's model and data flags): NAME's prefix moe_/mla_/qwen3_ = a family
   local fam=${1%%_*}
   if [ -n "${FAM_TYPE[$fam]:-}" ]; then
@@ -307,7 +309,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     spawn critic_moe_ref 0 200 sft -- "${MOE_CRITIC_ARGS[@]}"
   fi
   fam_refs=()
-  for f in moe mla qwen3 next; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
+  for f in moe mla qwen3 next q35 q35moe; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
   if [ ${#fam_refs[@]} -gt 0 ]; then
     dirs=$(for f in "${fam_refs[@]}"; do echo "${FAM_DIR[$f]}"; done | paste -sd,)
     python3 tests/gpu/make_family_configs.py --tiny --out "$FAM" --only "$dirs" >"$OUT/make_families.log" 2>&1
@@ -339,6 +341,8 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "qwen3_cp2|qwen3_ref|qwen3 CP2 zigzag, padding-free (THD)|--context_parallel_size 2"
     "next_tp2_sp|next_ref|qwen3_next (Gated DeltaNet) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
     "next_ep2|next_ref|qwen3_next (Gated DeltaNet) EP2|--expert_model_parallel_size 2"
+    "q35_tp2_sp|q35_ref|qwen3_5 (Gated DeltaNet, multimodal checkpoint, text rows) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
+    "q35moe_ep2|q35moe_ref|qwen3_5_moe (Gated DeltaNet + MoE, multimodal checkpoint) EP2|--expert_model_parallel_size 2"
   )
   # the 4-GPU layouts (GPUs 0-3), the same way; the data-parallel size is what the other sizes leave of 4
   [ "$NGPU" -ge 4 ] && MATRIX+=(

@@ -365,10 +365,16 @@ NO_ROUTER_BIAS = ('ernie4_5_moe', )
 TRAIN_BYTES_PER_PARAM = 18  # megatron bf16 + Adam: bf16 param 2, fp32 grad 4, fp32 master 4, Adam m and v 8
 
 
-def family_config(name, tiny=False):
-    """The config.json dict of NAME: published, with the cut (and with --tiny the toy widths) applied."""
+def family_config(name, tiny=False, layers=None):
+    """The config.json dict of NAME: published, with the cut (and with --tiny the toy widths) applied; ``layers``:
+    that many layers instead of the cut's (a model for several GPUs; not for the hybrids' layer pattern)."""
     real, cut, toy = FAMILIES[name]
     cfg = copy.deepcopy(real)
+    if layers:
+        if name in HYBRID:
+            raise ValueError(f'{name}: --layers is for the `gpt` families (a hybrid keeps its layer pattern)')
+        cut = dict(cut, num_hidden_layers=layers, **({'max_window_layers': layers} if 'max_window_layers' in cut
+                                                      else {}))
     for change in (cut, toy) if tiny else (cut, ):
         for key, value in copy.deepcopy(change).items():
             if key in MULTIMODAL_KEYS:
@@ -485,12 +491,25 @@ def randomize(model, seed):
             t.copy_((base + std * torch.randn(t.shape, generator=g)).to(t.dtype))
 
 
-def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0):
+def write_qwen3_5_processor(out_dir):
+    """preprocessor_config.json / video_preprocessor_config.json as Qwen3.5's hub checkpoints ship them."""
+    image = {'size': {'longest_edge': 16777216, 'shortest_edge': 65536}, 'patch_size': 16, 'temporal_patch_size': 2,
+             'merge_size': 2, 'image_mean': [0.5, 0.5, 0.5], 'image_std': [0.5, 0.5, 0.5],
+             'processor_class': 'Qwen3VLProcessor', 'image_processor_type': 'Qwen2VLImageProcessorFast'}
+    video = dict(image, size={'longest_edge': 25165824, 'shortest_edge': 4096}, fps=2, min_frames=4, max_frames=768,
+                 do_sample_frames=True, video_processor_type='Qwen3VLVideoProcessor')
+    del video['image_processor_type']
+    for name, d in (('preprocessor_config.json', image), ('video_preprocessor_config.json', video)):
+        with open(os.path.join(out_dir, name), 'w') as f:
+            json.dump(d, f, indent=2)
+
+
+def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0, layers=None):
     """Write NAME's random-init model dir; return its config dict."""
     import torch
 
     from swift_plt.compat.transformers import hf_rope_guard
-    cfg = family_config(name, tiny)
+    cfg = family_config(name, tiny, layers)
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(seed)
     with hf_rope_guard(), torch.device(device):
@@ -498,6 +517,8 @@ def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0):
     randomize(model, seed)
     model.save_pretrained(out_dir, safe_serialization=True)
     del model
+    if cfg['model_type'] in ('qwen3_5', 'qwen3_5_moe'):  # ms-swift loads the checkpoint's processor (Qwen3-VL's)
+        write_qwen3_5_processor(out_dir)
     # the published format, not transformers' re-dump (transformers 5 drops full_attention_interval, which
     # mcore-bridge reads for the hybrids' layer pattern)
     with open(os.path.join(out_dir, 'config.json'), 'w') as f:
@@ -518,6 +539,8 @@ def main(argv=None):
     ap.add_argument('--estimate', action='store_true', help='print the sizes only')
     ap.add_argument('--list', action='store_true', help='print the names --only selects (comma list) and exit')
     ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--layers', type=int, default=None, help="that many layers instead of the cut's (e.g. the "
+                    'Qwen3-30B-A3B with all 128 experts on 4 GPUs); dir name unchanged')
     ap.add_argument('--json', default=None, help='write {name: {dir, sizes}} here')
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.only.split(',') if n.strip()]
@@ -537,14 +560,14 @@ def main(argv=None):
     if not a.estimate:
         tok_dir = make_tokenizer(os.path.join(a.out, '_tokenizer'))
     for name in names:
-        s = sizes(family_config(name, a.tiny))
+        s = sizes(family_config(name, a.tiny, a.layers))
         report[name] = dict(sizes=s)
         print(size_line(name, s), flush=True)
         if a.estimate:
             continue
         t = time.time()
         d = os.path.join(a.out, name)
-        cfg = write_model(name, d, tok_dir, device, a.tiny, a.seed)
+        cfg = write_model(name, d, tok_dir, device, a.tiny, a.seed, a.layers)
         report[name].update(dir=d, model_type=cfg['model_type'])
         print(f'model: {name} ({cfg["model_type"]}) -> {d} in {time.time() - t:.1f} s', flush=True)
         if device.startswith('cuda'):

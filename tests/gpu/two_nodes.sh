@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The two-stage recipe on two nodes, simulated on one 2-GPU machine (from anywhere; summary
+# The two-stage recipe on two nodes, simulated on one machine of 2 (or, PER_NODE=2, 4) GPUs (from anywhere; summary
 # $OUT/two_nodes_summary.txt, $OUT default ./gpu_results/two_nodes), ~3 min:
-#     bash tests/gpu/two_nodes.sh
+#     bash tests/gpu/two_nodes.sh                 # two nodes of 1 GPU against one node of 2
+#     PER_NODE=2 bash tests/gpu/two_nodes.sh      # two nodes of 2 GPUs against one node of 4
 #   0. the tiny Llama and its rows (make_tiny, lib.sh)
 #   1. side by side, the same swift-plt-two-stage command (K=4, λ=S1·4/(S1·4+S2), T=256, G=8, --stage1_batch
 #      sequences: stage 1 S1 steps, stage 2 S2 steps, --save_steps SAVE; deterministic algorithms) as
-#      a. one node, 2 GPUs: NPROC_PER_NODE=2 (the reference), $W/one
-#      b. two "nodes" of 1 GPU on a shared $W/two, as two machines would run it: NNODES=2 NODE_RANK=0|1
-#         NPROC_PER_NODE=1 MASTER_ADDR=127.0.0.1, one MASTER_PORT, CUDA_VISIBLE_DEVICES=GPU 0|1, own dataset cache
+#      a. one node, 2·P GPUs (P = PER_NODE): NPROC_PER_NODE=2·P (the reference), $W/one
+#      b. two "nodes" of P GPUs on a shared $W/two, as two machines would run it: NNODES=2 NODE_RANK=0|1
+#         NPROC_PER_NODE=P MASTER_ADDR=127.0.0.1, one MASTER_PORT, CUDA_VISIBLE_DEVICES = node 0's or 1's GPUs,
+#         own dataset cache; --micro_batch_size 4/P, so that G=8 splits over the 2·P data-parallel ranks
 #   2. every run exits 0; in b each stage ran once on each node (one command in logs/stageN.log and in
 #      logs/stageN.node1.log), the export once, on node 0 alone (one command in logs/export.log, none on node 1,
 #      node 1 waited for it), the wall times and the summary written once (node 0)
@@ -21,15 +23,17 @@
 #   5. rerun: both nodes skip both stages and the export, nothing trains
 # Last line "TWO_NODES: OK|FAIL (n/m)". env: OUT, PLT_WORK (scratch dir), BUDGET (480 s; dry run 3600), RUN_S (the
 # most one recipe run may take: 400 s; dry run 2400), S1, S2, SAVE (steps, default 16, 16, 8; dry run 4, 4, 2),
-# MIN_SAME (5), LOSS_TOL (1e-3), WEIGHT_TOL (1e-3), WEIGHT_TOL_SPLIT (3e-2), EXTRA_PT_ARGS (appended to the recipe
-# command: `megatron pt` flags of both stages), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh; with NGPU=2, ~5 min
-# on 2 CPU cores).
+# MIN_SAME (5), PER_NODE (1 or 2), LOSS_TOL (1e-3), WEIGHT_TOL (1e-3), WEIGHT_TOL_SPLIT (3e-2), EXTRA_PT_ARGS
+# (appended to the recipe command: `megatron pt` flags of both stages), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN
+# (lib.sh; with NGPU=2, ~5 min on 2 CPU cores).
 set -o pipefail
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 DRY=${SWIFT_PLT_GPU_DRY_RUN:-0}
 if [ "$DRY" = 1 ]; then B=3600 D1=4 D2=4 DS=2 DR=2400; else B=480 D1=16 D2=16 DS=8 DR=400; fi
-gpu_init two_nodes two_nodes_summary.txt "${PLT_WORK:-/tmp/swift_plt_gpu/two_nodes}" "$B" 2 \
+P=${PER_NODE:-1}
+case $P in 1 | 2) ;; *) echo "PER_NODE=$P: 1 or 2 (GPUs per simulated node)" >&2; exit 2 ;; esac
+gpu_init two_nodes two_nodes_summary.txt "${PLT_WORK:-/tmp/swift_plt_gpu/two_nodes}" "$B" $((2 * P)) \
   megatron,swift,torchrun,swift-plt-two-stage
 S1=${S1:-$D1} S2=${S2:-$D2} SAVE=${SAVE:-$DS} LOSS_TOL=${LOSS_TOL:-1e-3} WEIGHT_TOL=${WEIGHT_TOL:-1e-3}
 WEIGHT_TOL_SPLIT=${WEIGHT_TOL_SPLIT:-3e-2}
@@ -50,7 +54,7 @@ if [ "$DRY" = 1 ]; then # the CPU harness: fp32, and `megatron export` on gloo (
 fi
 RECIPE=(swift-plt-two-stage --model "$W/tiny/model" --tokens "$N" --patch_size 4 --lam "$((S1 * 4))/$((S1 * 4 + S2))"
   --max_length 256 --global_batch_size 8 --stage1_batch sequences
-  --dataset "$W/tiny/data/train.jsonl" --template llama --micro_batch_size 4 --lr 1e-3 --min_lr 1e-4
+  --dataset "$W/tiny/data/train.jsonl" --template llama --micro_batch_size $((4 / P)) --lr 1e-3 --min_lr 1e-4
   --lr_warmup_iters 2 "${DTYPE[@]}" --attention_backend fused --logging_steps 1 --save_steps "$SAVE" --seed 42
   --dataset_num_proc 4 --megatron_extra_kwargs '{"deterministic_mode": true}'
   --export_args "$EXPORT_ARGS")
@@ -59,14 +63,17 @@ RECIPE+=(${EXTRA_PT_ARGS:-}) # unknown flags go to `megatron pt` in both stages
 export NVTE_ALLOW_NONDETERMINISTIC_ALGO=0
 say "1 command (+ --output_dir): ${RECIPE[*]}"
 
-one() { # the reference: one node, 2 GPUs
-  env NPROC_PER_NODE=2 MASTER_PORT=29771 CUDA_VISIBLE_DEVICES="$(dev 0,1)" HF_DATASETS_CACHE="$W/cache/one" \
+if [ "$P" = 1 ]; then ALL=0,1 NODE_GPUS=(0 1); else ALL=0,1,2,3 NODE_GPUS=(0,1 2,3); fi
+one() { # the reference: one node, 2·P GPUs
+  env NPROC_PER_NODE=$((2 * P)) MASTER_PORT=29771 CUDA_VISIBLE_DEVICES="$(dev $ALL)" \
+    HF_DATASETS_CACHE="$W/cache/one" \
     MODELSCOPE_CACHE="$W/cache/one/ms" timeout -k 10 "$(cap "$RUN_S")" "${RECIPE[@]}" --output_dir "$W/one" \
     >"$OUT/one.log" 2>&1
 }
 node() { # node RANK TAG: one of the two "nodes" on the shared $W/two
-  env NNODES=2 NODE_RANK="$1" NPROC_PER_NODE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29772 \
-    CUDA_VISIBLE_DEVICES="$(dev "$1")" HF_DATASETS_CACHE="$W/cache/node$1" MODELSCOPE_CACHE="$W/cache/node$1/ms" \
+  env NNODES=2 NODE_RANK="$1" NPROC_PER_NODE="$P" MASTER_ADDR=127.0.0.1 MASTER_PORT=29772 \
+    CUDA_VISIBLE_DEVICES="$(dev "${NODE_GPUS[$1]}")" HF_DATASETS_CACHE="$W/cache/node$1" \
+    MODELSCOPE_CACHE="$W/cache/node$1/ms" \
     SWIFT_PLT_NODE_WAIT="$(cap "$RUN_S")" timeout -k 10 "$(cap "$RUN_S")" "${RECIPE[@]}" --output_dir "$W/two" \
     >"$OUT/$2.node$1.log" 2>&1
 }
@@ -91,7 +98,7 @@ pa=$!
 two two
 wait $pa
 rca=$?
-say "1 runs: a (one node, 2 GPUs) rc=$rca; b (two nodes) rc=$RC0/$RC1; $((SECONDS - t))s; $(now)"
+say "1 runs: a (one node, $((2 * P)) GPUs) rc=$rca; b (two nodes of $P) rc=$RC0/$RC1; $((SECONDS - t))s; $(now)"
 check 1.a-runs $rca
 [ "$RC0" = 0 ] && [ "$RC1" = 0 ]
 check 1.b-runs $?

@@ -12,7 +12,9 @@
 #   4. plain transformers loads the export with swift-plt disabled (model_type llama, no patch_size, no auto_map)
 #   5. tests/gpu/export_logits.py: export logits vs the stage-2 Megatron checkpoint (bf16 as trained, and fp32)
 # Last line "TWO_STAGE: OK|FAIL (n/m)". env: OUT, PLT_WORK (scratch dir), EXTRA_PT_ARGS (appended to the recipe
-# command: `megatron pt` flags of both stages), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh).
+# command: `megatron pt` flags of both stages), FAMILY (a tests/gpu/make_family_configs.py name, e.g.
+# qwen3-next-80b-a3b-cut: the recipe on that family at toy widths, its config.json model_type, --template default,
+# instead of the tiny Llama), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh).
 set -o pipefail
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -22,10 +24,21 @@ swift-plt-make-tiny "$W/tiny" >"$OUT/two_stage_setup.log" 2>&1
 rc=$?
 say "0 setup: swift-plt-make-tiny rc=$rc; $(now)"
 [ $rc = 0 ] || { tail -3 "$OUT/two_stage_setup.log" | sed 's/^/   | /' | tee -a "$SUM"; check setup 1; finish; }
+MODEL=$W/tiny/model TEMPLATE=llama MODEL_TYPE=llama3_2_plt
+if [ -n "${FAMILY:-}" ]; then
+  python3 "$REPO/tests/gpu/make_family_configs.py" --tiny --out "$W/families" --only "$FAMILY" \
+    >>"$OUT/two_stage_setup.log" 2>&1
+  rc=$?
+  MODEL=$W/families/$FAMILY TEMPLATE=default
+  MODEL_TYPE=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['model_type'])" "$MODEL/config.json")
+  say "0 family $FAMILY (toy widths, model_type $MODEL_TYPE): rc=$rc"
+  [ $rc = 0 ] || { check setup 1; finish; }
+fi
+ARCH=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['architectures'][0])" "$MODEL/config.json")
 
-RECIPE=(swift-plt-two-stage --model "$W/tiny/model" --output_dir "$W/run" --tokens 737280 --patch_size 4 --lam 2/3
+RECIPE=(swift-plt-two-stage --model "$MODEL" --output_dir "$W/run" --tokens 737280 --patch_size 4 --lam 2/3
   --max_length 256 --global_batch_size 8 --stage1_batch sequences
-  --dataset "$W/tiny/train.jsonl" --template llama --micro_batch_size 4 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 5
+  --dataset "$W/tiny/train.jsonl" --template "$TEMPLATE" --micro_batch_size 4 --lr 1e-3 --min_lr 1e-4 --lr_warmup_iters 5
   --torch_dtype bfloat16 --attention_backend fused --logging_steps 1 --save_steps 30 --seed 42
   --dataloader_num_workers 2 --dataset_num_proc 4
   --export_args "--torch_dtype bfloat16")
@@ -93,11 +106,12 @@ rc=$?
 chk=$(echo "$chk" | tail -1)
 say "4 plain transformers (plugin disabled) loads the export: rc=$rc $chk"
 say "4 export config.json: $(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print({k: c.get(k) for k in ('model_type', 'architectures', 'patch_size', 'auto_map', 'dtype', 'torch_dtype')})" "$W/run/hf/config.json" 2>&1)"
-echo "$chk" | grep -q LlamaForCausalLM
+echo "$chk" | grep -q "$ARCH"
 check 4.plain-transformers $?
 
 ck=$(ls -d "$W"/run/stage2_token/checkpoint-120 2>/dev/null)
-python3 tests/gpu/export_logits.py --hf "$W/run/hf" --checkpoint "${ck:-missing}" --source "$W/tiny/model" \
+python3 tests/gpu/export_logits.py --hf "$W/run/hf" --checkpoint "${ck:-missing}" --source "$MODEL" \
+  --model-type "$MODEL_TYPE" \
   --data "$W/tiny/train.jsonl" --json "$OUT/two_stage_export_logits.json" >"$OUT/two_stage_export_logits.log" 2>&1
 rc=$?
 grep '^EXPORT_LOGITS' "$OUT/two_stage_export_logits.log" | sed 's/^/5 /' | tee -a "$SUM"

@@ -116,7 +116,8 @@ def _turn_gate(init):
         if cpus:
             rec['threads_moved'] = move_all_threads(cpus)
             try:
-                rec['torch_threads'] = fit_torch_threads(len(cpus))
+                # the training cores are shared by the run's ranks on this node (torchrun's LOCAL_WORLD_SIZE)
+                rec['torch_threads'] = fit_torch_threads(len(cpus) // int(os.environ.get('LOCAL_WORLD_SIZE', '1')))
             except Exception as e:  # the probe must never break a run
                 rec['torch_threads'] = repr(e)
         rec['cpus_after'] = sorted(os.sched_getaffinity(0))
