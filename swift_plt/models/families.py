@@ -25,6 +25,9 @@ FAMILIES = {
     'deepseek_v3': 'mla+moe',
     'kimi_k2': 'mla+moe',
     'glm4_moe_lite': 'mla+moe',
+    # sliding-window layers (a window of W tokens is ceil(W / K) patches at K > 1: swift_plt.models.window) and
+    # attention sinks, biased experts and router
+    'gpt_oss': 'moe',
     'olmoe': 'moe',  # mcore-bridge type `olmoe`: QK-norm over all heads' channels, softmax top-k not renormalised
     # hybrids: 3 of 4 layers Gated DeltaNet (causal conv + gated delta rule), the 4th gated attention
     'qwen3_next': 'hybrid+moe',
@@ -43,8 +46,6 @@ TEXT_ONLY_MULTIMODAL = ('qwen3_5', 'qwen3_5_moe')
 
 # families mcore-bridge builds as `gpt` that PLT refuses, and why
 REFUSED = {
-    'gpt_oss': ('its sliding-window attention and attention sinks count tokens: at patch level a window of W would '
-                'span W*K tokens, which is a different model'),
     'deepseek_v32': ('DeepSeek sparse attention: its indexer picks which tokens each token attends to, a choice '
                      'patch-level training would change and that has not been verified'),
 }
@@ -93,8 +94,9 @@ MCORE_REFUSED = {
                    'state and convolution restarted per document over patches (as for Gated DeltaNet), proven '
                    'against transformers\' NemotronHForCausalLM'),
     'deepseek_v4': ('DeepSeek-V4: its compressed sparse attention pools fixed blocks of tokens and its indexer '
-                    '(CSAIndexer) chooses which of them each token attends to, beside sliding-window layers that '
-                    'count tokens: choices patch-level training would change (as deepseek_v32)'),
+                    '(CSAIndexer) chooses which of them each token attends to: choices patch-level training would '
+                    'change (as deepseek_v32); its own sliding-window layers (csa_window_size) are not converted to '
+                    'patches either'),
     'glm_moe_dsa': ('GLM-MoE-DSA: DeepSeek sparse attention; its indexer chooses which tokens each token attends to, '
                     'a choice patch-level training would change (as deepseek_v32)'),
 }

@@ -1,7 +1,8 @@
 """The HF side of PLT: ``plt_causal_lm_class(FamilyForCausalLM)``, the family's own transformers class plus
 ``config.patch_size`` K. K=1: the family's methods as is. K > 1 (training only): pooled patches and the PLT loss on
-unshifted, token-aligned labels, with the Megatron model's functions (``swift_plt.patch_level``); MoE families add
-their router aux loss over patches; ``generate()`` refuses. Saved as the plain family model (docs/hf-backend.md).
+unshifted, token-aligned labels, with the Megatron model's functions (``swift_plt.patch_level``); a sliding window of
+W tokens is ceil(W / K) patches (``swift_plt.models.window``); MoE families add their router aux loss over patches;
+``generate()`` refuses. Saved as the plain family model (docs/hf-backend.md).
 """
 import sys
 from typing import Optional
@@ -9,6 +10,7 @@ from typing import Optional
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
+from swift_plt.models.window import patch_window
 from swift_plt.patch_level import IGNORE_INDEX
 from swift_plt.patch_level.layout import (
     check_patch_aligned,
@@ -49,6 +51,7 @@ class PLTCausalLM:
         # No `logits_to_keep` parameter (it still reaches the family's forward through **kwargs at K=1): ms-swift's
         # HF trainer turns on `use_logits_to_keep`, which trims the labels token by token, when the signature has it.
         k = self.patch_size
+        self._sync_sliding_window(k)
         if k == 1:
             return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                    past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
@@ -107,6 +110,24 @@ class PLTCausalLM:
         """Gated-DeltaNet layers (Qwen3-Next, Qwen3.5): ``linear_attention`` in the text config's layer types."""
         return 'linear_attention' in (getattr(self._text_config(), 'layer_types', None) or ())
 
+    def _sync_sliding_window(self, k: int) -> None:
+        """The decoder's sliding window (its config's ``sliding_window``, read by the mask, and each attention layer's
+        copy, read by flash kernels) in the units it runs over: ceil(W / K) patches for K > 1, W tokens for K=1. Left
+        so until K changes: a layer recomputed in the backward pass (gradient checkpointing) sees its forward's."""
+        text = self._text_config()
+        current = getattr(text, 'sliding_window', None)
+        if not current:  # None, or 0 (Qwen2-MoE without use_sliding_window): no window
+            return
+        if getattr(self, '_plt_window_tokens', None) is None:
+            self._plt_window_tokens = current  # the first call sees config.json's W (only this method changes it)
+        wanted = patch_window(self._plt_window_tokens, k)
+        if wanted == current:
+            return
+        for module in self.modules():
+            if getattr(module, 'sliding_window', None) == current:
+                module.sliding_window = wanted
+        text.sliding_window = wanted
+
     def _text_config(self):
         """The config of the decoder (layer types, router settings): a multimodal checkpoint's text config, else the
         config."""
@@ -115,12 +136,15 @@ class PLTCausalLM:
     def generate(self, *args, **kwargs):
         if self.patch_size > 1:
             raise NotImplementedError(GENERATE_ERROR.format(k=self.patch_size, name=self.plain_class().__name__))
+        self._sync_sliding_window(1)  # the cache is sized from the config's window
         return super().generate(*args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
-        """Save as the plain family model (its own ``architectures``, no ``patch_size`` in config.json): K is a
-        training setting, so the checkpoint loads anywhere as a token-level model."""
+        """Save as the plain family model (its own ``architectures``, no ``patch_size`` in config.json, the sliding
+        window in tokens): K is a training setting, so the checkpoint loads anywhere as a token-level model."""
         config = self.config
+        patch_size = self.patch_size
+        self._sync_sliding_window(1)
         k = config.__dict__.pop('patch_size', None)
         try:
             super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
@@ -130,6 +154,7 @@ class PLTCausalLM:
         finally:
             if k is not None:
                 config.patch_size = k
+            self._sync_sliding_window(patch_size)
 
 
 def patch_packing_kwargs(kwargs: dict, patch_pos: torch.Tensor, patch_size: int, linear_attention=False) -> dict:

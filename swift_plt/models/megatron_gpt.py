@@ -2,8 +2,9 @@
 swift_plt/models/families.py (`gpt`, OLMoE, the Gated-DeltaNet hybrids) and ``llama3_2_plt``. At K > 1
 ``PLTGPTModel`` pools token embeddings into patches, hands upstream's forward patch-level positions, masks and THD
 boundaries (so attention, MLA's RoPE, MoE routing and the Gated DeltaNet's convolution and recurrence run over
-patches), and returns the PLT loss token-aligned [B, S], so ms-swift's ``loss_func`` is unchanged (layouts:
-docs/parallel-layouts.md, families: docs/model-families.md). K=1: upstream's methods as is.
+patches; a sliding window of W tokens is ceil(W / K) patches), and returns the PLT loss token-aligned [B, S], so
+ms-swift's ``loss_func`` is unchanged (layouts: docs/parallel-layouts.md, families: docs/model-families.md). K=1:
+upstream's methods as is.
 """
 import copy
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from mcore_bridge.model.register import ModelLoader
 from megatron.core.transformer.moe.router import TopKRouter as McoreTopKRouter
 
 from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
+from swift_plt.models.window import patch_window_size
 from swift_plt.patch_level.layout import (
     check_sequence_parallel_length,
     cp_patch_cu_seqlens,
@@ -44,8 +46,7 @@ class PLTModelConfig(ModelConfig):
                 # a multimodal checkpoint trains its language model on text (families.TEXT_ONLY_MULTIMODAL)
                 'is_multimodal': self.is_multimodal and self.hf_model_type not in TEXT_ONLY_MULTIMODAL,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
-                # a window or a hash route counts tokens: at patch level it would count patches
-                'window_size (sliding-window attention)': self.window_size is not None,
+                # a hash route reads token ids, which a patch does not have
                 'moe_n_hash_layers (hash routing on token ids)': bool(getattr(self, 'moe_n_hash_layers', 0)),
                 # gated_delta_net: the hybrids' linear attention, which runs over patches (its THD boundaries too)
                 'experimental_attention_variant': self.experimental_attention_variant not in (None, 'gated_delta_net'),
@@ -56,6 +57,8 @@ class PLTModelConfig(ModelConfig):
             bad = [k for k, v in unsupported.items() if v]
             if bad:
                 raise ValueError(f'patch_size={self.patch_size} (PLT) does not support: {", ".join(bad)}.')
+            # sliding-window layers (GPT-OSS): W tokens -> ceil(W / K) patches (swift_plt.models.window)
+            self.window_size = patch_window_size(self.window_size, self.patch_size)
             # Pipeline stages exchange [P, B, H], not the [seq_length, B, H] megatron's schedules would assume
             # from `seq_length`: make them communicate shapes (mcore-bridge's default, enforced here).
             self.variable_seq_lengths = True

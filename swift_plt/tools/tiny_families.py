@@ -9,7 +9,7 @@ from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_con
 FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
 # the structures of the other families, built on demand (tests/models/test_families_cpu.py)
 MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe',
-                                  'olmoe')
+                                  'olmoe', 'gpt_oss')
 # the hybrid Gated-DeltaNet decoders: 3 linear-attention layers, then 1 gated full-attention layer
 HYBRID_FAMILIES: Tuple[str, ...] = ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')
 
@@ -85,6 +85,12 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     # OLMoE (mcore-bridge type `olmoe`: its own attention): QK-norm over all heads' channels (not per head), softmax
     # routing not renormalised, no shared expert, MoE in every layer
     'olmoe': ('OlmoeConfig', 'OlmoeForCausalLM', dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)),
+    # GPT-OSS: sliding-window attention (window 6 tokens, shorter than the tests' 32-token rows) in the first of each
+    # two layers, learned attention sinks per head, biases everywhere, clamped SwiGLU experts with biases, router with
+    # bias (softmax over the top-k logits), YaRN (transformers' default for it)
+    'gpt_oss': ('GptOssConfig', 'GptOssForCausalLM',
+                dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+                     attention_bias=True)),
     # --- hybrids (Gated DeltaNet: conv + gated delta rule; gated attention with partial rotary and zero-centred
     # norms): 4 layers, the 4th full attention (full_attention_interval 4, what mcore-bridge reads) ---
     'qwen3_next': ('Qwen3NextConfig', 'Qwen3NextForCausalLM', dict(_HYBRID, shared_expert_intermediate_size=64,
@@ -139,6 +145,12 @@ def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int
         for name, buf in model.named_buffers():
             if name.endswith('e_score_correction_bias'):  # zeros at init: make the expert-bias path matter
                 buf.copy_(0.1 * torch.randn_like(buf))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith('.sinks'):  # N(0, 0.05) at init: sinks of order 1 take a visible share of attention
+                    param.copy_(torch.randn_like(param))
+                elif name.endswith(('experts.gate_up_proj_bias', 'experts.down_proj_bias')):  # zeros at init
+                    param.copy_(0.1 * torch.randn_like(param))
     model.save_pretrained(out_dir, safe_serialization=True)
     if 'full_attention_interval' in kwargs:  # transformers 5 keeps layer_types only; mcore-bridge reads the interval
         _set_config_field(out_dir, 'full_attention_interval', kwargs['full_attention_interval'])

@@ -66,6 +66,12 @@ def build_mcore_model(hf_dir: str,
         expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
         expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
         **CPU_CONFIG_DEFAULTS)
+    # ms-swift's get_mcore_model_config after its arguments: no bias-dropout fusion for biased grouped experts
+    # (GPT-OSS; --moe_grouped_gemm defaults to true), no bias-activation fusion without swiglu and biases
+    if kwargs.get('add_bias_linear') and kwargs.get('num_moe_experts'):
+        kwargs['bias_dropout_fusion'] = False
+    if not kwargs.get('swiglu', True) and not kwargs.get('add_bias_linear'):
+        kwargs['bias_activation_fusion'] = False
     kwargs.update(extra_config or {})
     config_cls = getattr(model_meta, 'config_cls', ModelConfig)
     unknown = set(kwargs) - {f.name for f in fields(config_cls)}

@@ -29,20 +29,34 @@ def make_batch(seed=0, k=K):
     return dict(input_ids=input_ids, labels=labels, position_ids=position_ids, attention_mask=~mask)
 
 
-def hf_plt_reference(hf_dir, batch, k=K):
-    """Brute force (swift_plt.patch_level.reference) on plain transformers, each row on its own real tokens.
-    Returns (loss, {hf parameter name: grad})."""
+def hf_plt_reference(hf_dir, batch, k=K, **config):
+    """Brute force (swift_plt.patch_level.reference) on plain transformers, each row on its own real tokens;
+    ``config``: fields of the HF config replaced (a sliding window in patches). Returns (loss, {hf parameter name:
+    grad})."""
     from transformers import AutoModelForCausalLM
 
     from swift_plt.compat.transformers import hf_rope_guard
     from swift_plt.patch_level.reference import padded_batch_nll
     with hf_rope_guard():
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
+                                                     **config)
+    for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
+        assert getattr(model.config, name) == value, name
     model.zero_grad()
     nll, count = padded_batch_nll(model, batch['input_ids'], batch['labels'], LENS, k)
     loss = nll / count
     loss.backward()
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def patch_level_hf_config(hf_dir, k=K):
+    """What the brute force changes in the HF config at patch size ``k``: a sliding window of W tokens is ceil(W / k)
+    patches (the patch sequence sees the same span of text); nothing else (attention sinks stay)."""
+    import math
+
+    from transformers import AutoConfig
+    window = getattr(AutoConfig.from_pretrained(hf_dir), 'sliding_window', None)
+    return {} if window is None else {'sliding_window': math.ceil(window / k)}
 
 
 def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False, per_token=False):

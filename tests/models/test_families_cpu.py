@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from harness.dist import spawn
-from harness.plt_cases import K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss
+from harness.plt_cases import K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss, patch_level_hf_config
 from swift_plt.models.families import FAMILY_MCORE_TYPES
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
 
@@ -16,8 +16,9 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # structures of the other families (swift_plt.tools.tiny_families): partial rotary + sigmoid routing (glm4_moe), MLA
 # without q-LoRA + YaRN mscale + softmax greedy routing (deepseek_v2), interleaved rotary + ERNIE's MoE layout
 # (ernie4_5_moe), mcore-bridge's own `olmoe` type (QK-norm over all heads' channels, softmax top-k not
-# renormalised); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe'] + [
+# renormalised), GPT-OSS (sliding-window layers, attention sinks, biased experts and router); slow tier: the ones
+# whose structures the others cover (their published shapes run on the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
@@ -57,7 +58,7 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe'])
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)
@@ -84,9 +85,10 @@ def test_tp2_equals_one_rank(family, family_dirs, tmp_path_factory, batch):
 @pytest.mark.parametrize('family', DENSE + MOE + MORE + list(HYBRID_FAMILIES))
 def test_k4_loss_and_every_gradient_match_patchtrain(family, family_dirs, tmp_path_factory, batch):
     """MoE: the router sees patches on both sides; a router fed tokens (or pooled after routing) changes the loss.
-    Hybrids (Qwen3-Next, Qwen3.5 dense and MoE): the Gated DeltaNet's convolution and recurrence run over patches."""
+    Hybrids (Qwen3-Next, Qwen3.5 dense and MoE): the Gated DeltaNet's convolution and recurrence run over patches.
+    GPT-OSS: its window of 6 tokens (shorter than the 32-token rows) is 2 patches in the reference; sinks unchanged."""
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
-    ref_loss, ref_grads = hf_plt_reference(hf_dir, batch)
+    ref_loss, ref_grads = hf_plt_reference(hf_dir, batch, **patch_level_hf_config(hf_dir))
     (out, ) = spawn(mcore_loss, 1, hf_dir, batch, K, mcore_types(family)[1], NO_AUX, True)
     print(f'{family}: PLT loss megatron {out["loss"]!r}, brute force {ref_loss!r}; {len(ref_grads)} gradients')
     assert out['loss'] == pytest.approx(ref_loss, rel=1e-5)
@@ -120,6 +122,25 @@ def test_moe_layouts_equal_one_rank(layout, world, dims, extra, family_dirs, tmp
     embs = [o['emb_grad'] for o in outs if 'emb_grad' in o]
     grad = torch.cat(embs[:dims.get('tp', 1)])  # vocab-sharded over TP; the ranks of one TP group come first
     torch.testing.assert_close(grad[:VOCAB], one['emb_grad'][:VOCAB], rtol=1e-4, atol=1e-6)
+
+
+def _mcore_loss_window_in_tokens(*args):
+    """mcore_loss with PLT's window conversion switched off: the K=4 model keeps config.json's window of W tokens as
+    W patches."""
+    from swift_plt.models import megatron_gpt
+    megatron_gpt.patch_window_size = lambda window_size, patch_size: window_size
+    return mcore_loss(*args)
+
+
+def test_sliding_window_left_in_tokens_fails_the_reference(family_dirs, tmp_path_factory, batch):
+    """The comparison above can fail on the window: GPT-OSS at K=4 with its window left at W (6 patches = 24 tokens,
+    not ceil(6 / 4) = 2 patches) gives a loss the patch-level brute force does not."""
+    hf_dir = family_dir(family_dirs, tmp_path_factory, 'gpt_oss')
+    assert patch_level_hf_config(hf_dir) == {'sliding_window': 2}  # the tiny config's window bites: 6 < 32 tokens
+    ref_loss, _ = hf_plt_reference(hf_dir, batch, **patch_level_hf_config(hf_dir))
+    (out, ) = spawn(_mcore_loss_window_in_tokens, 1, hf_dir, batch, K, 'gpt_plt', NO_AUX)
+    print(f'gpt_oss, window left at W: PLT loss {out["loss"]!r}, brute force {ref_loss!r}')
+    assert out['loss'] != pytest.approx(ref_loss, rel=1e-4)  # 10x the tolerance above; measured rel 1.4e-3
 
 
 def megatron_aux_objective(hf_dir, batch, k, coeff):

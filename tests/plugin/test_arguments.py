@@ -32,7 +32,6 @@ def test_other_model_types_ignore_config_and_accept_k1():
 
 
 @pytest.mark.parametrize('kw, message', [
-    (dict(model_type='gpt_oss'), r'`gpt_oss` is not supported: its sliding-window attention'),
     (dict(model_type='deepseek_v32'), r'`deepseek_v32` is not supported: DeepSeek sparse attention'),
     (dict(model_type='nemotron_h', megatron_model_meta=SimpleNamespace(model_type='nemotron_h')),
      r'`nemotron_h` \(mcore-bridge type `nemotron_h`\) is not supported: Nemotron-H: a Mamba-2 hybrid'),

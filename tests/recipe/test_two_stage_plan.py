@@ -406,7 +406,7 @@ def test_user_model_type_overrides_for_every_step(family_model_dir, tmp_path, ca
 
 
 @pytest.mark.parametrize('model_type, message', [
-    ('gpt_oss', '`gpt_oss` is not supported: its sliding-window attention'),
+    ('deepseek_v32', '`deepseek_v32` is not supported: DeepSeek sparse attention'),
     ('mistral', 'model type `mistral` (config.json) has no patch-level training; supported: '),
     ('qwen2_vl', 'model type `qwen2_vl` (config.json) has no patch-level training'),
 ])
