@@ -135,8 +135,9 @@ def hf_logits(hf_dir: str, input_ids):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .hf_reference import as_transformers_5
     with hf_rope_guard():
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager')
-    model.eval()
+    as_transformers_5(model).eval()
     with torch.no_grad():
         return model(input_ids=input_ids).logits.float()

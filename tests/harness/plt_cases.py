@@ -37,9 +37,12 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
 
     from swift_plt.compat.transformers import hf_rope_guard
     from swift_plt.patch_level.reference import padded_batch_nll
+
+    from .hf_reference import as_transformers_5
     with hf_rope_guard():
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
                                                      **config)
+    as_transformers_5(model)
     for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
         assert getattr(model.config, name) == value, name
     model.zero_grad()

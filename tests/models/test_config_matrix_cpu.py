@@ -17,6 +17,7 @@ import torch
 from harness.dist import spawn
 from harness.plt_cases import K, VOCAB, make_batch
 from swift_plt.models.families import FAMILY_MCORE_TYPES
+from swift_plt.compat.transformers import is_transformers_5
 from swift_plt.models.upstream_differences import upstream_difference_warnings
 from swift_plt.tools.tiny_families import make_tiny_family
 
@@ -40,9 +41,13 @@ CASES = [
      'llama-rope-yarn', EQUAL),
     ('llama', dict(rope_scaling=dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                      original_max_position_embeddings=64)), 'llama-rope-llama3', EQUAL),
-    # longrope: transformers takes long_factor beyond original_max_position_embeddings (16 < 32 tokens), megatron only
-    # beyond max_position_embeddings (512): K=1 differs; 8 patches at K=4 use short_factor on both sides
-    ('llama', dict(rope_scaling=LONGROPE), 'llama-rope-longrope', UPSTREAM_K1),
+    # longrope: transformers 5 reads original_max_position_embeddings inside the rope parameters and takes long_factor
+    # beyond it (16 < 32 tokens), megatron only beyond max_position_embeddings (512): K=1 differs; 8 patches at K=4
+    # use short_factor on both sides. transformers 4.57 reads the field at config.json's top level only (a config
+    # with it inside and no `factor` does not build there), where mcore-bridge reads it too: both switch at 16
+    ('llama', dict(rope_scaling=LONGROPE), 'llama-rope-longrope', UPSTREAM_K1) if is_transformers_5() else
+    ('llama', dict(rope_scaling={k: v for k, v in LONGROPE.items() if k != 'original_max_position_embeddings'},
+                   original_max_position_embeddings=16), 'llama-rope-longrope', EQUAL),
     ('llama', dict(attention_bias=True), 'llama-attention-bias', EQUAL),  # q, k, v and o biases
     ('llama', dict(mlp_bias=True), 'llama-mlp-bias', REFUSED),  # add_bias_linear: the loader wants q_proj.bias
     # --- qwen2 (qkv bias), qwen3 (QK-norm)

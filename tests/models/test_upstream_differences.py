@@ -69,13 +69,16 @@ def test_config_json_dict_as_ms_swift_has_it_at_argument_time(tmp_path):
 # ------------------------------------------------------------------- the upstream difference (HF gate vs megatron)
 def _routes_hf_vs_megatron(cases, tokens=4096, seed=0):
     """Per case: (share of expert choices that differ, max |weight difference| where both pick the same experts,
-    megatron's routing arguments). The same fp32 router logits go through transformers' DeepseekV2TopkRouter and
-    through megatron-core's topk_routing_with_score_function with the arguments mcore-bridge derives from the
+    megatron's routing arguments). The same fp32 router logits go through transformers' DeepSeek-V2 router
+    (DeepseekV2TopkRouter; 4.57: DeepseekV2MoEGate, the same rule, it returns no logits: they are its fp32 linear)
+    and through megatron-core's topk_routing_with_score_function with the arguments mcore-bridge derives from the
     config (what TopKRouter.routing passes: megatron/core/transformer/moe/router.py)."""
     import torch
+    import torch.nn.functional as F
     from mcore_bridge.config.parser import hf_to_mcore_config
     from megatron.core.transformer.moe.moe_utils import topk_routing_with_score_function
-    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf_v2
+    router_5 = getattr(hf_v2, 'DeepseekV2TopkRouter', None)
 
     out = {}
     for name, config in cases.items():
@@ -85,10 +88,15 @@ def _routes_hf_vs_megatron(cases, tokens=4096, seed=0):
                       scaling_factor=mc.get('moe_router_topk_scaling_factor'),
                       score_function=mc.get('moe_router_score_function', 'softmax'))
         g = torch.Generator().manual_seed(seed)
-        gate = DeepseekV2TopkRouter(config)
+        gate = (router_5 or hf_v2.DeepseekV2MoEGate)(config)
         with torch.no_grad():
             gate.weight.copy_(torch.randn(gate.weight.shape, generator=g) * 0.02)
-        logits, hf_weights, hf_idx = gate(torch.randn(tokens, config.hidden_size, generator=g))
+        hidden = torch.randn(tokens, config.hidden_size, generator=g)
+        if router_5:  # transformers 5: (logits, weights, indices)
+            logits, hf_weights, hf_idx = gate(hidden)
+        else:  # 4.57: (indices, weights) of [batch, seq, hidden]; the logits are its fp32 linear
+            hf_idx, hf_weights = gate(hidden[None])
+            logits = F.linear(hidden.float(), gate.weight.float())
         hf_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, hf_idx, True)
         hf_probs = torch.zeros_like(logits).scatter(1, hf_idx, hf_weights)
         probs, routing_map = topk_routing_with_score_function(logits, **kwargs)
