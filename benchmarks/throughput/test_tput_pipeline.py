@@ -346,3 +346,22 @@ def test_best_setting_ratio_takes_each_runs_fastest_micro_batch_size():
     r = throughput_summary.best_setting_ratios(figs)
     assert r['plt4/stock'] == [(4.5, 16, 8), (4.3, 8, 8)] and r['stock2/stock'] == [(0.96, 8, 8)]
     assert throughput_summary.best_setting_ratios({('stock', 1): f('stock', 4, 1.0)}) is None
+
+
+def test_wait_gpu_free_waits_until_a_killed_run_has_released_its_memory(tmp_path, monkeypatch):
+    """After a kill the launcher polls nvidia-smi until every visible GPU is below the limit (a fake nvidia-smi
+    reports 76 GiB twice, then 600 MiB); it gives up after the timeout, and waits not at all without nvidia-smi."""
+    calls = tmp_path / 'calls'
+    fake = tmp_path / 'nvidia-smi'
+    fake.write_text('#!/bin/sh\necho x >> "%s"\nn=$(wc -l < "%s")\n'
+                    'if [ "$n" -le 2 ]; then echo 77980; echo 600; else echo 600; echo 600; fi\n' % (calls, calls))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv('PATH', f'{tmp_path}{os.pathsep}{os.environ["PATH"]}')
+    waited, used = tput_launch.wait_gpu_free(poll=0.01)
+    assert used == [600, 600] and len(calls.read_text().split()) == 3
+    calls.unlink()
+    fake.write_text('#!/bin/sh\necho 77980\n')
+    waited, used = tput_launch.wait_gpu_free(timeout=0.2, poll=0.01)
+    assert used == [77980] and 0.2 <= waited < 5
+    monkeypatch.setenv('PATH', str(tmp_path / 'none'))
+    assert tput_launch.wait_gpu_free() == (pytest.approx(0, abs=1), [])

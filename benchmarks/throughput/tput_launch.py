@@ -77,6 +77,23 @@ def add_families(specs):
     return names
 
 
+def wait_gpu_free(limit_mib=8192, timeout=90.0, poll=0.5):
+    """Wait until every visible GPU uses < limit_mib (the waiting runs hold only their CUDA contexts), so that
+    the next turn does not start out of memory; (seconds waited, last per-GPU readings). Without nvidia-smi: no wait."""
+    t0 = time.time()
+    vis = os.environ.get('CUDA_VISIBLE_DEVICES')
+    cmd = ['nvidia-smi', '--query-gpu=memory.used', '--format=csv,noheader,nounits'] + (['-i', vis] if vis else [])
+    used = []
+    while True:
+        try:
+            used = [int(x) for x in subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.split()]
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return time.time() - t0, used
+        if all(u < limit_mib for u in used) or time.time() - t0 > timeout:
+            return time.time() - t0, used
+        time.sleep(poll)
+
+
 class Run:
 
     def __init__(self, idx, key, base, rnd, mbs):
@@ -215,6 +232,9 @@ class Launcher:
             run.t_exit = time.time()
             run.state = 'killed'
             self.log(f'killed {run.key}: {why}')
+        if any(run.t_turn for run in runs):  # a killed rank can hold its GPU memory for seconds after its exit
+            waited, used = wait_gpu_free()
+            self.log(f'GPU memory after the kill: {used} MiB per GPU (waited {waited:.1f} s)')
 
     def reap(self, run):
         """The run's CLI has exited: wait for (then kill) what is left of its tree, so that the GPU is free."""
