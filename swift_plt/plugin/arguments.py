@@ -1,4 +1,8 @@
 """``--patch_size``: resolution (CLI > HF config.json > 1) and every check that must fail before step 1."""
+import importlib.util
+import json
+import os
+import re
 from typing import Optional
 
 from swift_plt import PLT_MODEL_TYPE
@@ -102,7 +106,32 @@ def hybrid_problems(args) -> list:
     if (getattr(args, 'context_parallel_size', 1) or 1) > 1:
         return ['--context_parallel_size > 1 (megatron-core 0.16\'s Gated DeltaNet has no context parallel, at any K; '
                 'use tensor, pipeline or expert parallel)']
-    return []
+    extra = getattr(args, 'megatron_extra_kwargs', None) or {}
+    extra = json.loads(extra) if isinstance(extra, str) else extra
+    if extra.get('deterministic_mode') or getattr(args, 'deterministic_mode', False):
+        return []  # megatron-core's torch Gated DeltaNet, not fla's kernels
+    import torch
+    if not torch.cuda.is_available() or importlib.util.find_spec('tilelang') is not None:
+        return []
+    try:
+        import triton
+    except ImportError:
+        return []
+    problem = fla_hopper_problem(torch.cuda.get_device_capability(int(os.environ.get('LOCAL_RANK', 0))),
+                                 triton.__version__)
+    return [problem] if problem else []
+
+
+def fla_hopper_problem(capability, triton_version):
+    """fla 0.6 stops the Gated DeltaNet backward at its first call on a Hopper GPU with Triton >= 3.4.0, < 3.7.1
+    (there Triton computes wrong gradients for it: fla's GitHub #640): say so before step 1 instead. None when fine."""
+    v = tuple(int(x) for x in re.findall(r'\d+', triton_version)[:3])
+    if capability[0] != 9 or not (3, 4, 0) <= v < (3, 7, 1):
+        return None
+    return (f'Triton {triton_version} on this Hopper GPU (flash-linear-attention, the Gated DeltaNet kernels, refuses '
+            'its backward with Triton 3.4.0 to 3.7.0, which computes wrong gradients there: install triton>=3.7.1 or '
+            'tilelang; or megatron-core\'s torch path, padded batches only: --megatron_extra_kwargs '
+            '\'{"deterministic_mode": true}\' --padding_free false)')
 
 
 # HF backend (`swift pt/sft`): options with which ms-swift's HF trainer computes the loss outside the model

@@ -140,6 +140,39 @@ def test_hybrid_context_parallel_is_refused_with_why(model_type):
     assert resolve_patch_size(hybrid_args(model_type, patch_size=1, context_parallel_size=2)) == 1
 
 
+@pytest.mark.parametrize('cap, version, refused', [((9, 0), '3.6.0', True), ((9, 0), '3.4.0', True),
+                                                     ((9, 0), '3.7.0+git1a2b', True), ((9, 0), '3.7.1', False),
+                                                     ((9, 0), '3.3.1', False), ((9, 0), '3.9.0', False),
+                                                     ((8, 0), '3.6.0', False), ((10, 0), '3.6.0', False)])
+def test_fla_hopper_triton_rule(cap, version, refused):
+    """fla 0.6's refusal of the Gated DeltaNet backward (Hopper, Triton 3.4.0 <= v < 3.7.1) as one rule."""
+    from swift_plt.plugin.arguments import fla_hopper_problem
+    problem = fla_hopper_problem(cap, version)
+    assert (problem is not None) == refused
+    assert problem is None or problem.startswith(f'Triton {version} on this Hopper GPU') and 'triton>=3.7.1' in problem
+
+
+def test_hybrid_on_hopper_with_old_triton_is_refused_before_step_1(monkeypatch):
+    """At K > 1 a hybrid on a Hopper GPU with Triton 3.6 stops at the argument checks (fla would stop the first
+    backward, after minutes of kernel compilation); megatron-core's torch path (deterministic_mode) and K = 1 pass."""
+    import sys
+    import types
+
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a: (9, 0))
+    monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__='3.6.0'))
+    import swift_plt.plugin.register as register
+    monkeypatch.setattr(register, 'plt_model_meta', lambda t: SimpleNamespace(model_type=t + '_plt'))
+    with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: Triton 3.6.0 on this Hopper GPU'):
+        resolve_patch_size(hybrid_args('qwen3_next', patch_size=4))
+    for extra in ({'deterministic_mode': True}, '{"deterministic_mode": true}'):
+        assert resolve_patch_size(hybrid_args('qwen3_next', patch_size=4, megatron_extra_kwargs=extra)) == 4
+    assert resolve_patch_size(hybrid_args('qwen3_next', patch_size=1)) == 1
+    monkeypatch.setitem(sys.modules, 'triton', types.SimpleNamespace(__version__='3.7.1'))
+    assert resolve_patch_size(hybrid_args('qwen3_next', patch_size=4)) == 4
+
+
 def _resolve_with_mcore_meta(model_type, mcore_type, k):
     """resolve_patch_size with mcore-bridge's own meta of ``mcore_type`` (this process's USE_MCORE_GDN)."""
     from mcore_bridge.model import get_model_meta
