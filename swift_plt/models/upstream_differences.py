@@ -45,6 +45,13 @@ does too), transformers' DeepseekV2 never does (toy: logits rel 0.11). The publi
 ``tests/gpu/make_family_configs.py`` (DeepSeek-V2/V2-Lite/V3, Kimi-K2, GLM-4.5-Air, GLM-4.7-Flash, dots.llm1) set none
 of these values.
 
+Sliding windows of the Qwen2 / Qwen3 families (``use_sliding_window: true``: transformers attends within
+``sliding_window`` tokens in layers ``max_window_layers`` on). mcore-bridge converts ``sliding_window`` for GPT-OSS
+(and Gemma-4, MUSE) only (``mcore_bridge/config/parser.py``), so Megatron attends over the whole sequence in every
+layer, at K = 1 and, over patches, at K > 1 (the HF-side PLT model keeps the window, in patches:
+swift_plt/models/window.py). Toy Qwen2 (2 sliding layers, window 8): logits rel 0.60 at 64 tokens, 0 within the
+first 8.
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -64,6 +71,9 @@ SIGMOID_ONLY = ('deepseek_v3', 'kimi_k2', 'glm4_moe', 'glm4_moe_lite')
 # families whose transformers router is DeepSeek-V3's noaux_tc (sigmoid + bias, groups by their top-2 sum)
 NOAUX_TC = SIGMOID_ONLY + ('dots1', )
 NOAUX_GROUP_SIZE = 'toy DeepSeek-V3, 8 experts in 4 groups, top-2 groups, top-2: logits rel {size}'
+WINDOW_SIZE = 'toy Qwen2, window 8: logits rel 0.6 at 64 tokens'
+# families whose transformers class takes use_sliding_window / max_window_layers, dropped by mcore-bridge
+DROPPED_WINDOW = ('qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe')
 SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4.5: logits rel {size})'
 TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
@@ -98,7 +108,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
     for config in _llm_configs(hf_config):
         model_type = _get(config, 'model_type') or 'model'
         out += _rope_warnings(config, model_type) + _scoring_warnings(config, model_type)
-        out += _noaux_tc_warnings(config, model_type)
+        out += _noaux_tc_warnings(config, model_type) + _window_warnings(config, model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -142,6 +152,18 @@ def _rope_warnings(config, model_type) -> List[str]:
             f'in the rope parameters, max_position_embeddings {max_pos}): Megatron uses short_factor up to '
             f'{max_pos} positions, transformers long_factor beyond {original} (sequences of {original + 1}-{max_pos} '
             f'positions, patches at K > 1, get other RoPE frequencies; {LONGROPE_SIZE})' + TAIL]
+
+
+def _window_warnings(config, model_type) -> List[str]:
+    window, first = _get(config, 'sliding_window'), _get(config, 'max_window_layers') or 0
+    layers = _get(config, 'num_hidden_layers') or 0
+    types = _get(config, 'layer_types')
+    sliding = 'sliding_attention' in types if types else first < layers
+    if model_type not in DROPPED_WINDOW or not _get(config, 'use_sliding_window') or not window or not sliding:
+        return []
+    return [f'[swift-plt] {model_type}: config.json use_sliding_window=true (sliding_window {window}, from layer '
+            f'{first} on): Megatron attends over the whole sequence in every layer (mcore-bridge drops the window), '
+            f'transformers within {window} tokens; longer sequences differ ({WINDOW_SIZE})' + TAIL]
 
 
 def _scoring_warnings(config, model_type) -> List[str]:

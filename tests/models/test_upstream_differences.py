@@ -202,7 +202,12 @@ LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor
           norm_topk_prob=True), 'top-1 expert scores, transformers by its top-2'),
     (dict(model_type='deepseek_v2', topk_method='greedy', n_group=1, topk_group=1, num_experts_per_tok=6,
           norm_topk_prob=True), 'Megatron renormalises the top-6 softmax weights'),
-], ids=['longrope', 'longrope-v4-key', 'v3-softmax', 'glm4_moe-no-norm', 'v3-groups-top-1', 'v2-norm'])
+    (dict(model_type='qwen2', use_sliding_window=True, sliding_window=4096, max_window_layers=21,
+          num_hidden_layers=28), 'Megatron attends over the whole sequence in every layer'),
+    (dict(model_type='qwen3_moe', use_sliding_window=True, sliding_window=8, max_window_layers=0, num_hidden_layers=2,
+          layer_types=['sliding_attention'] * 2), 'transformers within 8 tokens'),
+], ids=['longrope', 'longrope-v4-key', 'v3-softmax', 'glm4_moe-no-norm', 'v3-groups-top-1', 'v2-norm', 'qwen2-window',
+        'qwen3_moe-window'])
 def test_warning_for_matrix_differences(config, needle):
     (line, ) = upstream_difference_warnings(config)
     assert needle in line and '\n' not in line and 'upstream difference, not PLT' in line
@@ -218,7 +223,11 @@ def test_warning_for_matrix_differences(config, needle):
     dict(model_type='qwen3_moe', norm_topk_prob=False, num_experts_per_tok=8),  # softmax: megatron honours it
     dict(model_type='deepseek_v2', topk_method='greedy', n_group=1, topk_group=1, num_experts_per_tok=6,
          norm_topk_prob=False),
+    # Qwen2.5's published configs: the window off, or on but from the last layer on (no sliding layer)
+    dict(model_type='qwen2', use_sliding_window=False, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
+    dict(model_type='qwen2', use_sliding_window=True, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
+    dict(model_type='qwen2_moe', use_sliding_window=True, sliding_window=0, num_hidden_layers=2),  # 0: no window
 ], ids=['longrope-top-level', 'longrope-no-gap', 'yarn', 'dots1-softmax', 'v3-published', 'qwen3_moe-no-norm',
-        'v2-lite'])
+        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0'])
 def test_no_warning_for_matrix_values_that_agree(config):
     assert upstream_difference_warnings(config) == []
