@@ -33,7 +33,8 @@
 # memory(GiB)). Logs in $OUT, the summary in $OUT/layouts_summary.txt (appended as it goes), last line
 # "LAYOUTS: OK|FAIL (n/m)".
 # env: OUT, BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 30), ITERS_1B (30), PAR (4), WARM (3), LAYOUTS (space-separated
-#      subset of the names below; default all that fit the GPUs), LLAMA3_TOK (dir with the real Llama-3
+#      subset of the names below; default all that fit the GPUs), HYBRID_CAP (600 s: a hybrid run's cap),
+#      LLAMA3_TOK (dir with the real Llama-3
 #      tokenizer.json; or LLAMA3_TIKTOKEN=tokenizer.model + LLAMA3_CONVERT=convert_llama3_tokenizer.py to build it;
 #      else the tiny tokenizer is used and the summary says so), LAYOUTS_TEXT (a text file for the 1B data; else
 #      synthetic word rows), EXTRA_PT_ARGS (appended to every megatron command; the last flag wins, e.g. for a CPU
@@ -88,6 +89,9 @@ if [ -z "${LAYOUTS:-}" ]; then
   esac
 fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
+# the most a run may take: 200 s; a hybrid's HYBRID_CAP (600 s: its first step compiles fla's kernels on a cold
+# Triton cache, minutes when several runs compile at once)
+cap_of() { case ${1%%_*} in next | q35 | q35moe) echo "${HYBRID_CAP:-600}" ;; *) echo 200 ;; esac; }
 say "layouts: ${LAYOUTS:-(none)}"
 [ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS $HYBRID_LAYOUTS" \
   "2-GPU part: needs 2 GPUs, $NGPU visible"
@@ -320,7 +324,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     g=0
     for f in "${fam_refs[@]}"; do
       base_args "${f}_"
-      spawn "${f}_ref" $g 200 pt -- "${BASE[@]}"
+      spawn "${f}_ref" $g "$(cap_of "$f")" pt -- "${BASE[@]}"
       g=$((1 - g))
     done
   fi
@@ -378,7 +382,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     critic_engine_tp2_dp2) engine engine_tp2_dp2 0,1,2,3 4 '{"tensor_model_parallel_size": 2, "global_batch_size": 2}' ;;
     *)
       base_args "$name"
-      spawn "$name" "$(gpus_of "$name")" 200 pt -- "${BASE[@]}" $flags
+      spawn "$name" "$(gpus_of "$name")" "$(cap_of "$name")" pt -- "${BASE[@]}" $flags
       ;;
     esac
     n_wave=$((n_wave + 1))
