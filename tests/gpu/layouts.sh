@@ -111,14 +111,12 @@ TINY_ARGS=(--model "$TINY/model" --model_type llama3_2_plt --custom_register_pat
 FAM=$W/families
 declare -A FAM_DIR=([moe]=qwen3-30b-a3b-cut [mla]=deepseek-v3-cut [qwen3]=qwen3-1.7b [next]=qwen3-next-80b-a3b-cut
   [q35]=qwen3.5-27b-cut [q35moe]=qwen3.5-35b-a3b-cut)
-# ms-swift's `default` template supports no padding-free / packing for a multimodal checkpoint: Qwen3.5's own
-declare -A FAM_TEMPLATE=([q35]=qwen3_5 [q35moe]=qwen3_5)
 declare -A FAM_TYPE=([moe]=qwen3_moe [mla]=deepseek_v3 [qwen3]=qwen3 [next]=qwen3_next [q35]=qwen3_5 [q35moe]=qwen3_5_moe)
 base_args() { # base_args NAME: BASE=(the run's model and data flags): NAME's prefix moe_/mla_/qwen3_ = a family
   local fam=${1%%_*}
   if [ -n "${FAM_TYPE[$fam]:-}" ]; then
-    BASE=(--model "$FAM/${FAM_DIR[$fam]}" --model_type "${FAM_TYPE[$fam]}" --template "${FAM_TEMPLATE[$fam]:-default}"
-      "${TINY_COMMON[@]}")
+    BASE=(--model "$FAM/${FAM_DIR[$fam]}" --model_type "${FAM_TYPE[$fam]}"
+      --template "$(family_template "${FAM_TYPE[$fam]}")" "${TINY_COMMON[@]}")
   else
     BASE=("${TINY_ARGS[@]}")
   fi

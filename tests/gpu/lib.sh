@@ -156,6 +156,11 @@ finish() { # finish: the verdict line, then exit
   exit 1
 }
 
+family_template() { # family_template MODEL_TYPE: the ms-swift template a toy family dir (tiny tokenizer) trains with:
+  # `default`; Qwen3.5's own for its multimodal checkpoint (`default` supports no padding-free / packing for one)
+  case $1 in qwen3_5 | qwen3_5_moe) echo qwen3_5 ;; *) echo default ;; esac
+}
+
 make_tiny() { # make_tiny DIR [make_tiny.py flags]: DIR/model, DIR/data/train.jsonl; log $OUT/make_tiny.log
   local dir=$1
   shift

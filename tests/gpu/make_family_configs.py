@@ -373,8 +373,9 @@ def family_config(name, tiny=False, layers=None):
     if layers:
         if name in HYBRID:
             raise ValueError(f'{name}: --layers is for the `gpt` families (a hybrid keeps its layer pattern)')
-        cut = dict(cut, num_hidden_layers=layers, **({'max_window_layers': layers} if 'max_window_layers' in cut
-                                                      else {}))
+        cut = dict(cut, num_hidden_layers=layers)
+        if 'max_window_layers' in cut:  # Qwen's sliding-window start: past the last layer, as the cut has it
+            cut['max_window_layers'] = layers
     for change in (cut, toy) if tiny else (cut, ):
         for key, value in copy.deepcopy(change).items():
             if key in MULTIMODAL_KEYS:

@@ -13,9 +13,9 @@
 #   5. tests/gpu/export_logits.py: export logits vs the stage-2 Megatron checkpoint (bf16 as trained, and fp32)
 # Last line "TWO_STAGE: OK|FAIL (n/m)". env: OUT, PLT_WORK (scratch dir), EXTRA_PT_ARGS (appended to the recipe
 # command: `megatron pt` flags of both stages), FAMILY (a tests/gpu/make_family_configs.py name, e.g.
-# qwen3-next-80b-a3b-cut: the recipe on that family at toy widths, its config.json model_type, --template default,
-# instead of the tiny Llama), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh; steps 0-4 on CPU, ~2.5 min with
-# FAMILY=qwen3-next-80b-a3b-cut; step 5 needs CUDA).
+# qwen3-next-80b-a3b-cut: the recipe on that family at toy widths, its config.json model_type, lib.sh's
+# family_template, instead of the tiny Llama), SWIFT_PLT_GPU_ENV, SWIFT_PLT_GPU_DRY_RUN (lib.sh; steps 0-4 on CPU,
+# ~2.5 min with FAMILY=qwen3-next-80b-a3b-cut; step 5 needs CUDA).
 set -o pipefail
 # shellcheck disable=SC1091
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -30,9 +30,10 @@ if [ -n "${FAMILY:-}" ]; then
   python3 "$REPO/tests/gpu/make_family_configs.py" --tiny --out "$W/families" --only "$FAMILY" \
     >>"$OUT/two_stage_setup.log" 2>&1
   rc=$?
-  MODEL=$W/families/$FAMILY TEMPLATE=default
+  MODEL=$W/families/$FAMILY
   MODEL_TYPE=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['model_type'])" "$MODEL/config.json")
-  say "0 family $FAMILY (toy widths, model_type $MODEL_TYPE): rc=$rc"
+  TEMPLATE=$(family_template "$MODEL_TYPE")
+  say "0 family $FAMILY (toy widths, model_type $MODEL_TYPE, template $TEMPLATE): rc=$rc"
   [ $rc = 0 ] || { check setup 1; finish; }
 fi
 ARCH=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['architectures'][0])" "$MODEL/config.json")
