@@ -13,6 +13,9 @@ def verified_upstream(mcore_type: str):
     if mcore_type == 'olmoe':  # its own attention (QK-norm over all heads' channels) on the `gpt` layer spec
         from mcore_bridge.model.gpts.olmoe import OLMoEBridge, OLMoELoader
         return OLMoELoader, OLMoEBridge
+    if mcore_type == 'glm4':  # its own layer spec (Glm4SelfAttention / Glm4MLP: RMSNorms after attention and MLP)
+        from mcore_bridge.model.gpts.glm4 import Glm4Bridge, Glm4Loader
+        return Glm4Loader, Glm4Bridge
     # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
     from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
     if mcore_type == 'qwen3_next':

@@ -52,6 +52,13 @@ layer, at K = 1 and, over patches, at K > 1 (the HF-side PLT model keeps the win
 swift_plt/models/window.py). Toy Qwen2 (2 sliding layers, window 8): logits rel 0.60 at 64 tokens, 0 within the
 first 8.
 
+GLM-4-0414's MLP on export (``glm4``). transformers' ``Glm4ForCausalLM`` holds the MLP's first projection fused,
+``mlp.gate_up_proj.weight`` ([gate; up]); mcore-bridge's ``Glm4Bridge`` loads it, but its export
+(``GPTBridge._set_mlp_state``, to HF) writes every dense MLP as ``mlp.gate_proj.weight`` / ``mlp.up_proj.weight``, so
+a checkpoint Megatron saves (``--save_safetensors``, ``swift export --to_hf``) loads into transformers 5.19 / 4.57 with
+``gate_up_proj`` missing, freshly initialised (the two halves unexpected). Training is not affected: the logits of the
+stock model equal transformers' (toy GLM-4: max |d| 1e-6). Toy GLM-4 exported unchanged and reloaded: logits rel 1.2.
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -75,6 +82,9 @@ WINDOW_SIZE = 'toy Qwen2, window 8: logits rel 0.6 at 64 tokens'
 # families whose transformers class takes use_sliding_window / max_window_layers, dropped by mcore-bridge
 DROPPED_WINDOW = ('qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe')
 SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4.5: logits rel {size})'
+GATE_UP_EXPORT_SIZE = 'toy GLM-4 exported unchanged and reloaded: logits rel 1.2'
+# families whose transformers class holds the dense MLP as gate_up_proj where mcore-bridge exports gate_proj / up_proj
+GATE_UP_EXPORT = ('glm4', )
 TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
 
@@ -109,6 +119,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         model_type = _get(config, 'model_type') or 'model'
         out += _rope_warnings(config, model_type) + _scoring_warnings(config, model_type)
         out += _noaux_tc_warnings(config, model_type) + _window_warnings(config, model_type)
+        out += _export_warnings(model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -164,6 +175,15 @@ def _window_warnings(config, model_type) -> List[str]:
     return [f'[swift-plt] {model_type}: config.json use_sliding_window=true (sliding_window {window}, from layer '
             f'{first} on): Megatron attends over the whole sequence in every layer (mcore-bridge drops the window), '
             f'transformers within {window} tokens; longer sequences differ ({WINDOW_SIZE})' + TAIL]
+
+
+def _export_warnings(model_type) -> List[str]:
+    if model_type not in GATE_UP_EXPORT:
+        return []
+    return [f'[swift-plt] {model_type}: Megatron saves the MLP as mlp.gate_proj / mlp.up_proj, transformers\' '
+            f'{model_type} loads mlp.gate_up_proj only: a checkpoint saved from Megatron (--save_safetensors, swift '
+            'export --to_hf) loads into transformers with its MLP freshly initialised; concatenate gate_proj and '
+            f'up_proj (dim 0) into gate_up_proj before loading it ({GATE_UP_EXPORT_SIZE})' + TAIL]
 
 
 def _scoring_warnings(config, model_type) -> List[str]:

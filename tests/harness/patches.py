@@ -109,6 +109,9 @@ PATCHES (id: upstream target -- what and why)
     (TE-only: ``_get_backend_spec_provider``, ``_get_self_attention_module_spec``) builds on the local backend, the
     block spec then gets P17's experts; P4 maps ``self_attention.in_proj.layer_norm_weight`` (TE's fused norm) to
     ``input_layernorm.weight``; P13 builds ``zero_centered_gamma`` RMSNorms (``hybrid.ZeroCenteredRMSNorm``).
+ P23 ``mcore_bridge.model.gpts.glm4`` (1.6.5): GLM-4-0414's ``Glm4SelfAttention`` / ``Glm4MLP`` build their extra
+    norms (``post_self_attn_layernorm``, ``post_mlp_layernorm``) with TE's ``TENorm`` whatever the spec says; the
+    module's ``TENorm`` becomes megatron's ``WrappedTorchNorm`` (the local spec's norm: RMSNorm by the config, P13).
  P11 ``megatron.core.fusions.fused_softmax.FusedScaleMaskSoftmax.forward_torch_softmax`` (0.16.1): the probabilities
     are returned in the dtype of the scores, not in the dtype the config's fp16/bf16 flags announce. They only
     differ in ms-swift's ``--test_convert_precision`` check, which runs a bf16 model in fp32: on GPUs TE attention
@@ -407,6 +410,12 @@ def _patch_torch_norm(torch_norm):
     cls._cpu_harness_patched = True
 
 
+# ---------------------------------------------------------------------------------------------------------- P23
+def _patch_glm4(glm4):
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    glm4.TENorm = WrappedTorchNorm
+
+
 # ---------------------------------------------------------------------------------------------------------- P14
 def thd_causal_mask(cu_seqlens, total: int):
     """[1, 1, T, T] bool, True = masked: causal within each document of a packed row, nothing across documents."""
@@ -566,6 +575,7 @@ def install():
     _imports.when_imported('mcore_bridge.model.gpt_model', _patch_gpt_model)  # P12
     _imports.when_imported('megatron.core.transformer.torch_norm', _patch_torch_norm)  # P13
     _imports.when_imported('megatron.core.transformer.dot_product_attention', _patch_dot_product_attention)  # P14
+    _imports.when_imported('mcore_bridge.model.gpts.glm4', _patch_glm4)  # P23
     if os.environ.get('SWIFT_PLT_CPU_PACK_AS_CP'):
         _imports.when_imported('swift.template.base', _patch_pack_as_cp)  # P15
     _imports.when_imported('mcore_bridge.tuners.patcher', _patch_tuners_patcher)  # P16

@@ -145,3 +145,13 @@ def fuse_experts(grads):
                                                      for e in range(n)])
         out[prefix + '.down_proj'] = torch.stack([parts[e, 'down_proj'] for e in range(n)])
     return out
+
+
+def fuse_gate_up(grads):
+    """mcore-bridge's dense MLP names (``mlp.gate_proj.weight`` / ``mlp.up_proj.weight``, what it exports for every
+    family) -> the fused ``mlp.gate_up_proj.weight`` [gate; up] that transformers' GLM-4-0414 holds."""
+    out = dict(grads)
+    for name in [n for n in grads if n.endswith('.mlp.gate_proj.weight')]:
+        prefix = name[:-len('gate_proj.weight')]
+        out[prefix + 'gate_up_proj.weight'] = torch.cat([out.pop(name), out.pop(prefix + 'up_proj.weight')])
+    return out

@@ -180,6 +180,17 @@ def test_patched_arguments_warn_before_startup(patch_size, tmp_path):
     assert res['greedy'] == [('upstream', '_init_distributed')]
 
 
+def test_warning_for_glm4_export_of_the_mlp():
+    """GLM-4-0414 (any config): Megatron's export writes gate_proj / up_proj where transformers loads gate_up_proj
+    (the difference itself is asserted on the exported weights in test_families_cpu.py); GLM-4.5 (glm4_moe) holds
+    gate_proj / up_proj in transformers: no warning."""
+    from transformers import Glm4Config
+    (line, ) = upstream_difference_warnings(Glm4Config())
+    assert line.startswith('[swift-plt] glm4: Megatron saves the MLP as mlp.gate_proj / mlp.up_proj')
+    assert 'concatenate gate_proj and up_proj (dim 0) into gate_up_proj' in line and 'logits rel 1.2' in line
+    assert upstream_difference_warnings(dict(model_type='glm4_moe', num_experts_per_tok=8, n_group=1)) == []
+
+
 # ------------------------------------- the config-option matrix's differences (tests/models/test_config_matrix_cpu.py)
 # There each is measured on a toy model (stock K=1 logits against transformers, K=4 against the brute force); here the
 # warning's trigger: which config.json values warn and which do not.
