@@ -13,6 +13,9 @@ def verified_upstream(mcore_type: str):
     if mcore_type == 'olmoe':  # its own attention (QK-norm over all heads' channels) on the `gpt` layer spec
         from mcore_bridge.model.gpts.olmoe import OLMoEBridge, OLMoELoader
         return OLMoELoader, OLMoEBridge
+    if mcore_type == 'minimax_m2':  # its own attention (QK-norm over all heads' channels) and MoE bridge
+        from mcore_bridge.model.gpts.minimax_m2 import MinimaxM2Bridge, MinimaxM2Loader
+        return MinimaxM2Loader, MinimaxM2Bridge
     # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
     from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
     if mcore_type == 'qwen3_next':
