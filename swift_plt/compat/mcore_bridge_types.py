@@ -16,6 +16,9 @@ def verified_upstream(mcore_type: str):
     if mcore_type == 'glm4':  # its own layer spec (Glm4SelfAttention / Glm4MLP: RMSNorms after attention and MLP)
         from mcore_bridge.model.gpts.glm4 import Glm4Bridge, Glm4Loader
         return Glm4Loader, Glm4Bridge
+    if mcore_type == 'minimax_m2':  # its own attention (QK-norm over all heads' channels) and MoE bridge
+        from mcore_bridge.model.gpts.minimax_m2 import MinimaxM2Bridge, MinimaxM2Loader
+        return MinimaxM2Loader, MinimaxM2Bridge
     # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
     from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
     if mcore_type == 'qwen3_next':

@@ -59,6 +59,12 @@ a checkpoint Megatron saves (``--save_safetensors``, ``swift export --to_hf``) l
 ``gate_up_proj`` missing, freshly initialised (the two halves unexpected). Training is not affected: the logits of the
 stock model equal transformers' (toy GLM-4: max |d| 1e-6). Toy GLM-4 exported unchanged and reloaded: logits rel 1.2.
 
+MiniMax-M2 (``minimax_m2``) without its published ``use_qk_norm: true`` / ``scoring_func: sigmoid`` (e.g. a
+config.json written by transformers' ``MiniMaxM2Config``, which has neither field). transformers' MiniMaxM2 always
+applies ``q_norm`` / ``k_norm`` and routes by sigmoid with ``e_score_correction_bias``; mcore-bridge reads both fields
+(``use_qk_norm`` -> ``qk_layernorm``, ``scoring_func`` -> ``moe_router_score_function``, softmax by default, and
+then no expert bias), so Megatron has no QK-norm (toy MiniMax-M2: logits rel 0.83) or routes by softmax (rel 0.27).
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -81,6 +87,8 @@ NOAUX_GROUP_SIZE = 'toy DeepSeek-V3, 8 experts in 4 groups, top-2 groups, top-2:
 WINDOW_SIZE = 'toy Qwen2, window 8: logits rel 0.6 at 64 tokens'
 # families whose transformers class takes use_sliding_window / max_window_layers, dropped by mcore-bridge
 DROPPED_WINDOW = ('qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe')
+MINIMAX_QK_SIZE = 'toy MiniMax-M2: logits rel 0.83'
+MINIMAX_SCORING_SIZE = 'toy MiniMax-M2: logits rel 0.27'
 SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4.5: logits rel {size})'
 GATE_UP_EXPORT_SIZE = 'toy GLM-4 exported unchanged and reloaded: logits rel 1.2'
 # families whose transformers class holds the dense MLP as gate_up_proj where mcore-bridge exports gate_proj / up_proj
@@ -120,6 +128,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         out += _rope_warnings(config, model_type) + _scoring_warnings(config, model_type)
         out += _noaux_tc_warnings(config, model_type) + _window_warnings(config, model_type)
         out += _export_warnings(model_type)
+        out += _minimax_m2_warnings(config, model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -212,6 +221,26 @@ def _noaux_tc_warnings(config, model_type) -> List[str]:
     if _get(config, 'norm_topk_prob') is False and topk and topk > 1:
         out.append(head + 'norm_topk_prob=false with sigmoid routing: Megatron renormalises the top-k expert weights '
                    'anyway, transformers does not; ' + SIGMOID_NORM_SIZE.format(size='6e-2') + TAIL)
+    return out
+
+
+def _minimax_m2_warnings(config, model_type) -> List[str]:
+    """MiniMax-M2: transformers always applies QK-norm and sigmoid routing; Megatron only where config.json says so."""
+    if model_type != 'minimax_m2':
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    # the fields mcore-bridge's parser reads, in its order (config_mapping: qk_layernorm, moe_router_score_function)
+    qk_norm = next((v for v in (_get(config, 'use_qk_norm'), _get(config, 'qk_norm')) if v is not None), None)
+    if not qk_norm:
+        out.append(head + f'use_qk_norm={qk_norm}: Megatron builds no QK-norm (mcore-bridge reads use_qk_norm), '
+                   'transformers\' MiniMaxM2 always applies q_norm and k_norm; ' + MINIMAX_QK_SIZE + TAIL)
+    scoring = _get(config, 'scoring_func')
+    if scoring is None:
+        scoring = 'sigmoid' if _get(config, 'moe_router_use_sigmoid') else _get(config, 'score_function')
+    if scoring != 'sigmoid':
+        out.append(head + f'scoring_func={scoring}: Megatron routes by {scoring or "softmax"} without the expert '
+                   'bias, transformers\' MiniMaxM2 by sigmoid with e_score_correction_bias whatever the field says; '
+                   + MINIMAX_SCORING_SIZE + TAIL)
     return out
 
 

@@ -9,7 +9,7 @@ from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_con
 FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
 # the structures of the other families, built on demand (tests/models/test_families_cpu.py)
 MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe',
-                                  'olmoe', 'gpt_oss', 'glm4')
+                                  'olmoe', 'gpt_oss', 'glm4', 'minimax_m2')
 # the hybrid Gated-DeltaNet decoders: 3 linear-attention layers, then 1 gated full-attention layer
 HYBRID_FAMILIES: Tuple[str, ...] = ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')
 
@@ -95,6 +95,12 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     # rotary over half of head_dim, qkv bias, GQA, untied embeddings (GLM-4-9B/32B-0414's config.json)
     'glm4': ('Glm4Config', 'Glm4ForCausalLM',
              dict(head_dim=32, partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False)),
+    # MiniMax-M2 (mcore-bridge type `minimax_m2`: its own attention): QK-norm over all heads' channels, partial rotary
+    # (rotary_dim 16 of head_dim 32), GQA, sigmoid routing with an expert bias (e_score_correction_bias), top-k
+    # renormalised (always, in transformers and megatron-core), no shared expert; the fields its config.json has
+    'minimax_m2': ('MiniMaxM2Config', 'MiniMaxM2ForCausalLM',
+                   dict(head_dim=32, rotary_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                        use_qk_norm=True, qk_norm_type='per_layer', scoring_func='sigmoid', use_routing_bias=True)),
     # --- hybrids (Gated DeltaNet: conv + gated delta rule; gated attention with partial rotary and zero-centred
     # norms): 4 layers, the 4th full attention (full_attention_interval 4, what mcore-bridge reads) ---
     'qwen3_next': ('Qwen3NextConfig', 'Qwen3NextForCausalLM', dict(_HYBRID, shared_expert_intermediate_size=64,
@@ -108,6 +114,9 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
 # families whose norm weights (ones at init) and biases (zeros) get random values: a norm or bias the conversion or
 # PLT dropped would otherwise still match
 _RANDOM_NORMS_AND_BIASES: Tuple[str, ...] = ('glm4', )
+# families whose RMSNorm weights (ones at init) are set to 1 + N(0, 0.2): a norm weight loaded into the wrong place
+# (or not at all) changes the logits
+_RANDOM_NORMS: Tuple[str, ...] = ('minimax_m2', )
 # a vision tower of a few thousand parameters for the multimodal checkpoints (text-only at K > 1)
 _TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                     num_position_embeddings=64)
@@ -162,6 +171,8 @@ def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int
                     param.copy_(1.0 + 0.3 * torch.randn_like(param))
                 elif family in _RANDOM_NORMS_AND_BIASES and name.endswith('.bias'):
                     param.copy_(0.1 * torch.randn_like(param))
+                elif family in _RANDOM_NORMS and name.endswith('norm.weight'):
+                    param.copy_(1 + 0.2 * torch.randn_like(param))
     model.save_pretrained(out_dir, safe_serialization=True)
     if 'full_attention_interval' in kwargs:  # transformers 5 keeps layer_types only; mcore-bridge reads the interval
         _set_config_field(out_dir, 'full_attention_interval', kwargs['full_attention_interval'])

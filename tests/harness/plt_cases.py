@@ -128,6 +128,23 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False,
     return out
 
 
+# checkpoint names transformers 5 renames on loading (its conversion mapping) -> its module names: MiniMax-M2's
+_CHECKPOINT_RENAMES = (('.block_sparse_moe.', '.mlp.'), ('.w1.weight', '.gate_proj.weight'),
+                       ('.w3.weight', '.up_proj.weight'), ('.w2.weight', '.down_proj.weight'))
+
+
+def hf_module_names(grads):
+    """Checkpoint names (what mcore-bridge exports) -> the per-expert names ``fuse_experts`` takes and the module names
+    transformers holds, where the two differ (MiniMax-M2: ``block_sparse_moe.experts.{e}.w1`` = ``mlp.experts``)."""
+    out = {}
+    for name, t in grads.items():
+        if '.block_sparse_moe.' in name:
+            for old, new in _CHECKPOINT_RENAMES:
+                name = name.replace(old, new)
+        out[name] = t
+    return out
+
+
 def fuse_experts(grads):
     """Per-expert checkpoint names (``experts.{e}.gate_proj/up_proj/down_proj.weight``, what mcore-bridge exports)
     -> the fused parameters transformers 5 holds (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``)."""

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from harness.dist import spawn
-from harness.plt_cases import (K, VOCAB, fuse_experts, fuse_gate_up, hf_plt_reference, make_batch, mcore_loss,
-                               patch_level_hf_config)
+from harness.plt_cases import (K, VOCAB, fuse_experts, fuse_gate_up, hf_module_names, hf_plt_reference, make_batch,
+                               mcore_loss, patch_level_hf_config)
 from swift_plt.models.families import FAMILY_MCORE_TYPES
 from swift_plt.models.upstream_differences import GATE_UP_EXPORT
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
@@ -20,14 +20,16 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # (ernie4_5_moe), mcore-bridge's own `olmoe` type (QK-norm over all heads' channels, softmax top-k not
 # renormalised), GPT-OSS (sliding-window layers, attention sinks, biased experts and router), mcore-bridge's own `glm4`
 # type (RMSNorms after attention and after the MLP, interleaved partial rotary, qkv bias; random norm weights and
-# biases); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'glm4'] + [
+# biases) and `minimax_m2` type (QK-norm over all heads' channels, partial rotary, GQA, sigmoid routing with an expert
+# bias, top-k renormalised, random norm weights); slow tier: the ones whose structures the others cover (their
+# published shapes run on the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'glm4', 'minimax_m2'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
 def mcore_types(family):
-    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe, glm4)."""
+    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe, ...)."""
     stock = FAMILY_MCORE_TYPES.get(family, 'gpt')
     return stock, stock + '_plt'
 
@@ -54,6 +56,7 @@ def family_dir(family_dirs, tmp_path_factory, family):
 def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
     # a multimodal checkpoint's language model (mcore-bridge's names) = transformers' *ForCausalLM of its text config
     grads = {n.replace('model.language_model.', 'model.'): g for n, g in grads.items()}
+    grads = hf_module_names(grads)  # MiniMax-M2's checkpoint names (block_sparse_moe, w1/w3/w2) -> transformers'
     grads = fuse_experts(grads) if any('.experts.' in n and n.endswith('_proj') for n in ref) else grads
     grads = fuse_gate_up(grads) if any(n.endswith('.mlp.gate_up_proj.weight') for n in ref) else grads  # GLM-4
     missing = sorted(set(ref) - set(grads))
@@ -62,7 +65,7 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss', 'glm4'])
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss', 'glm4', 'minimax_m2'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)

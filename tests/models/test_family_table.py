@@ -35,7 +35,8 @@ def test_hybrid_table_matches_installed_mcore_bridge():
 def _plt_hybrid_metas():
     from swift_plt.plugin.register import plt_model_meta
     return {t: (plt_model_meta(t).model_type, plt_model_meta(t).loader.__mro__[2].__module__,
-                plt_model_meta(t).visual_cls is not None) for t in ('qwen3_next', 'qwen3_5', 'olmoe', 'glm4')}
+                plt_model_meta(t).visual_cls is not None)
+            for t in ('qwen3_next', 'qwen3_5', 'olmoe', 'glm4', 'minimax_m2')}
 
 
 def test_hybrid_plt_metas_wrap_the_verified_loader():
@@ -43,7 +44,8 @@ def test_hybrid_plt_metas_wrap_the_verified_loader():
     assert metas == {'qwen3_next': ('qwen3_next_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', False),
                      'qwen3_5': ('qwen3_5_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', True),
                      'olmoe': ('olmoe_plt', 'mcore_bridge.model.gpts.olmoe', False),
-                     'glm4': ('glm4_plt', 'mcore_bridge.model.gpts.glm4', False)}
+                     'glm4': ('glm4_plt', 'mcore_bridge.model.gpts.glm4', False),
+                     'minimax_m2': ('minimax_m2_plt', 'mcore_bridge.model.gpts.minimax_m2', False)}
 
 
 def test_guard_fails_when_a_family_moves():

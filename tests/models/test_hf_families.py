@@ -10,7 +10,8 @@ import torch
 from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch
 from swift_plt.tools.tiny_families import make_tiny_family
 
-FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'glm4', 'qwen3_next', 'qwen3_5',
+FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'glm4', 'minimax_m2', 'qwen3_next',
+            'qwen3_5',
             'qwen3_5_moe']
 
 
@@ -82,7 +83,7 @@ def test_k4_loss_and_every_gradient_match_patchtrain(family, dirs, batch):
         torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-6, msg=lambda m: f'{n}: {m}')
 
 
-@pytest.mark.parametrize('family', ['qwen3_moe', 'qwen2_moe', 'olmoe', 'qwen3_next', 'qwen3_5_moe'])
+@pytest.mark.parametrize('family', ['qwen3_moe', 'qwen2_moe', 'olmoe', 'minimax_m2', 'qwen3_next', 'qwen3_5_moe'])
 def test_moe_routes_patches_and_adds_its_aux_loss_over_them(family, dirs, batch):
     """The router sees B*P patch rows (not B*S tokens); aux_loss is the family's load-balancing loss over the real
     patches; the loss is the PLT loss plus router_aux_loss_coef * aux_loss, as the family's forward adds it."""

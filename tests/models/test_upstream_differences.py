@@ -202,6 +202,11 @@ LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor
                        original_max_position_embeddings=16)
 
 
+# MiniMax-M2's published config.json fields that mcore-bridge reads (QK-norm, sigmoid routing with the expert bias)
+MINIMAX_M2 = dict(model_type='minimax_m2', use_qk_norm=True, scoring_func='sigmoid', use_routing_bias=True,
+                  num_experts_per_tok=8)
+
+
 @pytest.mark.parametrize('config, needle', [
     (_longrope(rope_parameters=LONGROPE_PARAMS), 'Megatron uses short_factor up to 512 positions, transformers '
      'long_factor beyond 16'),
@@ -217,8 +222,10 @@ LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor
           num_hidden_layers=28), 'Megatron attends over the whole sequence in every layer'),
     (dict(model_type='qwen3_moe', use_sliding_window=True, sliding_window=8, max_window_layers=0, num_hidden_layers=2,
           layer_types=['sliding_attention'] * 2), 'transformers within 8 tokens'),
+    (dict(MINIMAX_M2, use_qk_norm=False), 'Megatron builds no QK-norm'),
+    (dict(MINIMAX_M2, scoring_func=None), 'scoring_func=None: Megatron routes by softmax without the expert bias'),
 ], ids=['longrope', 'longrope-v4-key', 'v3-softmax', 'glm4_moe-no-norm', 'v3-groups-top-1', 'v2-norm', 'qwen2-window',
-        'qwen3_moe-window'])
+        'qwen3_moe-window', 'minimax_m2-no-qk-norm', 'minimax_m2-no-scoring-func'])
 def test_warning_for_matrix_differences(config, needle):
     (line, ) = upstream_difference_warnings(config)
     assert needle in line and '\n' not in line and 'upstream difference, not PLT' in line
@@ -238,7 +245,8 @@ def test_warning_for_matrix_differences(config, needle):
     dict(model_type='qwen2', use_sliding_window=False, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
     dict(model_type='qwen2', use_sliding_window=True, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
     dict(model_type='qwen2_moe', use_sliding_window=True, sliding_window=0, num_hidden_layers=2),  # 0: no window
+    MINIMAX_M2,
 ], ids=['longrope-top-level', 'longrope-no-gap', 'yarn', 'dots1-softmax', 'v3-published', 'qwen3_moe-no-norm',
-        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0'])
+        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0', 'minimax_m2-published'])
 def test_no_warning_for_matrix_values_that_agree(config):
     assert upstream_difference_warnings(config) == []

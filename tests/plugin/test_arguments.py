@@ -54,7 +54,6 @@ def test_unsupported_models_are_refused_at_k_gt_1(kw, message):
 
 # each further language-model type of mcore-bridge 1.6.5 -> what its refusal names (Megatron and HF side alike)
 MCORE_REFUSED_MESSAGES = {
-    'minimax_m2': r'MiniMax-M2: mcore-bridge builds it with its own attention',
     'hy_v3': r'Hunyuan-V3: mcore-bridge builds it with its own bridge',
     'bailing_moe': r'Ling/Ring 2.0 \(BailingMoeV2\): .*transformers has no class for it',
     'bailing_hybrid': r'lightning linear attention .* Needed: the recurrence restarted per document over patches',
@@ -97,10 +96,11 @@ def test_gpt_families_train_at_k_gt_1_through_the_plt_model_meta(model_type, mon
     assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
 
 
-@pytest.mark.parametrize('model_type', ['olmoe', 'glm4'])
+@pytest.mark.parametrize('model_type', ['olmoe', 'glm4', 'minimax_m2'])
 def test_own_mcore_types_train_at_k_gt_1_through_their_plt_type(model_type, monkeypatch):
-    """OLMoE and GLM-4-0414, built by mcore-bridge's own `olmoe` / `glm4` types, get `<type>_plt` (its loader with
-    PLT's model classes); no hybrid refusal applies (context parallel is accepted); K=1 keeps upstream's meta object."""
+    """OLMoE, GLM-4-0414 and MiniMax-M2, built by mcore-bridge's own types of those names, get `<type>_plt` (its
+    loader with PLT's model classes); no hybrid refusal applies (context parallel is accepted); K=1 keeps upstream's
+    meta object."""
     import swift_plt.plugin.register as register
     monkeypatch.setattr(register, 'plt_model_meta', lambda t: SimpleNamespace(model_type=t + '_plt'))
     meta = SimpleNamespace(model_type=model_type)
