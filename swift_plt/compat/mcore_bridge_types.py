@@ -13,6 +13,9 @@ def verified_upstream(mcore_type: str):
     if mcore_type == 'olmoe':  # its own attention (QK-norm over all heads' channels) on the `gpt` layer spec
         from mcore_bridge.model.gpts.olmoe import OLMoEBridge, OLMoELoader
         return OLMoELoader, OLMoEBridge
+    if mcore_type == 'hy_v3':  # the `gpt` loader; its bridge names the router, expert bias and shared MLP its way
+        from mcore_bridge.model.gpts.hunyuan import HyV3Bridge
+        return ModelLoader, HyV3Bridge
     # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
     from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
     if mcore_type == 'qwen3_next':

@@ -52,6 +52,14 @@ layer, at K = 1 and, over patches, at K > 1 (the HF-side PLT model keeps the win
 swift_plt/models/window.py). Toy Qwen2 (2 sliding layers, window 8): logits rel 0.60 at 64 tokens, 0 within the
 first 8.
 
+Hunyuan-V3 (``hy_v3``) config.json without the published keys mcore-bridge reads: transformers' HYV3 always
+normalises q and k per head and routes by sigmoid with the expert bias (it ignores ``qk_norm``,
+``moe_router_use_sigmoid``, ``moe_router_enable_expert_bias``); mcore-bridge builds QK-norm only with ``qk_norm: true``
+(without it the checkpoint's q_norm / k_norm weights are left unread) and routes by softmax, without the bias, unless
+``moe_router_use_sigmoid`` (or ``scoring_func``) says sigmoid or the expert bias is enabled (a softmax router with the
+bias is refused by megatron-core itself). Toy Hunyuan-V3 (tiny_families): no ``qk_norm``: logits rel 0.52; neither
+routing key: logits rel 0.10; the published keys: max |d| 1.0e-6.
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -75,6 +83,8 @@ WINDOW_SIZE = 'toy Qwen2, window 8: logits rel 0.6 at 64 tokens'
 # families whose transformers class takes use_sliding_window / max_window_layers, dropped by mcore-bridge
 DROPPED_WINDOW = ('qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe')
 SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4.5: logits rel {size})'
+HY_V3_QK_SIZE = 'toy Hunyuan-V3: logits rel 0.52'
+HY_V3_ROUTER_SIZE = 'toy Hunyuan-V3: logits rel 0.10'
 TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
 
@@ -109,6 +119,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         model_type = _get(config, 'model_type') or 'model'
         out += _rope_warnings(config, model_type) + _scoring_warnings(config, model_type)
         out += _noaux_tc_warnings(config, model_type) + _window_warnings(config, model_type)
+        out += _hy_v3_warnings(config, model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -192,6 +203,31 @@ def _noaux_tc_warnings(config, model_type) -> List[str]:
     if _get(config, 'norm_topk_prob') is False and topk and topk > 1:
         out.append(head + 'norm_topk_prob=false with sigmoid routing: Megatron renormalises the top-k expert weights '
                    'anyway, transformers does not; ' + SIGMOID_NORM_SIZE.format(size='6e-2') + TAIL)
+    return out
+
+
+def _megatron_score_function(config) -> str:
+    """The router score function mcore-bridge gives Megatron (``parser._convert_config``: the first of
+    ``scoring_func``, a true ``moe_router_use_sigmoid``, ``score_function``; else megatron-core's softmax)."""
+    if _get(config, 'scoring_func') is not None:
+        return _get(config, 'scoring_func')
+    if _get(config, 'moe_router_use_sigmoid'):
+        return 'sigmoid'
+    return _get(config, 'score_function') or 'softmax'
+
+
+def _hy_v3_warnings(config, model_type) -> List[str]:
+    """Hunyuan-V3 config.json without the keys that make mcore-bridge build transformers' HYV3 (module docstring)."""
+    if model_type != 'hy_v3':
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    if not (_get(config, 'qk_norm') or _get(config, 'use_qk_norm')):
+        out.append(head + 'has no qk_norm=true: Megatron builds no QK-norm (the checkpoint\'s q_norm / k_norm are not '
+                   'loaded), transformers\' HYV3 always normalises q and k per head; ' + HY_V3_QK_SIZE + TAIL)
+    if _megatron_score_function(config) != 'sigmoid' and not _get(config, 'moe_router_enable_expert_bias'):
+        out.append(head + 'has neither moe_router_use_sigmoid=true nor moe_router_enable_expert_bias=true: Megatron '
+                   'routes by softmax without the expert bias, transformers\' HYV3 by sigmoid with it; '
+                   + HY_V3_ROUTER_SIZE + TAIL)
     return out
 
 

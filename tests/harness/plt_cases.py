@@ -128,6 +128,22 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False,
     return out
 
 
+# checkpoint names mcore-bridge exports -> the parameter names transformers 5 renames them to on load (Hunyuan-V3)
+_CHECKPOINT_RENAMES = ((r'\.mlp\.router\.gate\.weight$', '.mlp.gate.weight'),
+                       (r'\.mlp\.shared_mlp\.', '.mlp.shared_experts.'))
+
+
+def transformers_names(grads):
+    """``grads`` keyed by checkpoint names -> keyed by the transformers model's parameter names (its renames)."""
+    import re
+    out = {}
+    for name, t in grads.items():
+        for pattern, repl in _CHECKPOINT_RENAMES:
+            name = re.sub(pattern, repl, name)
+        out[name] = t
+    return out
+
+
 def fuse_experts(grads):
     """Per-expert checkpoint names (``experts.{e}.gate_proj/up_proj/down_proj.weight``, what mcore-bridge exports)
     -> the fused parameters transformers 5 holds (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj``)."""

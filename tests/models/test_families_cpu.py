@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from harness.dist import spawn
-from harness.plt_cases import K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss, patch_level_hf_config
+from harness.plt_cases import (K, VOCAB, fuse_experts, hf_plt_reference, make_batch, mcore_loss, patch_level_hf_config,
+                               transformers_names)
 from swift_plt.models.families import FAMILY_MCORE_TYPES
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
 
@@ -16,15 +17,16 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # structures of the other families (swift_plt.tools.tiny_families): partial rotary + sigmoid routing (glm4_moe), MLA
 # without q-LoRA + YaRN mscale + softmax greedy routing (deepseek_v2), interleaved rotary + ERNIE's MoE layout
 # (ernie4_5_moe), mcore-bridge's own `olmoe` type (QK-norm over all heads' channels, softmax top-k not
-# renormalised), GPT-OSS (sliding-window layers, attention sinks, biased experts and router); slow tier: the ones
-# whose structures the others cover (their published shapes run on the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss'] + [
+# renormalised), GPT-OSS (sliding-window layers, attention sinks, biased experts and router), mcore-bridge's `hy_v3`
+# type (per-head QK-norm, sigmoid routing with expert bias, renormalised and scaled, shared MLP, dense first layer,
+# random norm weights); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'hy_v3'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
 def mcore_types(family):
-    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe)."""
+    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe, hy_v3)."""
     stock = FAMILY_MCORE_TYPES.get(family, 'gpt')
     return stock, stock + '_plt'
 
@@ -50,7 +52,7 @@ def family_dir(family_dirs, tmp_path_factory, family):
 
 def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
     # a multimodal checkpoint's language model (mcore-bridge's names) = transformers' *ForCausalLM of its text config
-    grads = {n.replace('model.language_model.', 'model.'): g for n, g in grads.items()}
+    grads = transformers_names({n.replace('model.language_model.', 'model.'): g for n, g in grads.items()})
     grads = fuse_experts(grads) if any('.experts.' in n and n.endswith('_proj') for n in ref) else grads
     missing = sorted(set(ref) - set(grads))
     assert not missing, f'no Megatron gradient for {missing}'
@@ -58,7 +60,7 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss'])
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss', 'hy_v3'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)

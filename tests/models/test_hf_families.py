@@ -10,7 +10,8 @@ import torch
 from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch
 from swift_plt.tools.tiny_families import make_tiny_family
 
-FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'qwen3_next', 'qwen3_5', 'qwen3_5_moe']
+FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'hy_v3', 'qwen3_next', 'qwen3_5',
+            'qwen3_5_moe']
 
 
 @pytest.fixture(scope='module')

@@ -187,6 +187,10 @@ def _longrope(**kw):
     return dict(model_type='llama', max_position_embeddings=512, **kw)
 
 
+# Hunyuan-V3's published config.json keys that mcore-bridge reads (tencent/Hy3)
+HY_V3_PUBLISHED = dict(model_type='hy_v3', qk_norm=True, moe_router_use_sigmoid=True,
+                       moe_router_enable_expert_bias=True, route_norm=True, first_k_dense_replace=1,
+                       num_experts_per_tok=8)
 LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor=[2.0] * 8,
                        original_max_position_embeddings=16)
 
@@ -206,8 +210,10 @@ LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor
           num_hidden_layers=28), 'Megatron attends over the whole sequence in every layer'),
     (dict(model_type='qwen3_moe', use_sliding_window=True, sliding_window=8, max_window_layers=0, num_hidden_layers=2,
           layer_types=['sliding_attention'] * 2), 'transformers within 8 tokens'),
+    (dict(HY_V3_PUBLISHED, qk_norm=None), 'Megatron builds no QK-norm'),
+    ({k: v for k, v in HY_V3_PUBLISHED.items() if not k.startswith('moe_router_')}, 'Megatron routes by softmax'),
 ], ids=['longrope', 'longrope-v4-key', 'v3-softmax', 'glm4_moe-no-norm', 'v3-groups-top-1', 'v2-norm', 'qwen2-window',
-        'qwen3_moe-window'])
+        'qwen3_moe-window', 'hy_v3-no-qk-norm', 'hy_v3-no-router-keys'])
 def test_warning_for_matrix_differences(config, needle):
     (line, ) = upstream_difference_warnings(config)
     assert needle in line and '\n' not in line and 'upstream difference, not PLT' in line
@@ -227,7 +233,10 @@ def test_warning_for_matrix_differences(config, needle):
     dict(model_type='qwen2', use_sliding_window=False, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
     dict(model_type='qwen2', use_sliding_window=True, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
     dict(model_type='qwen2_moe', use_sliding_window=True, sliding_window=0, num_hidden_layers=2),  # 0: no window
+    HY_V3_PUBLISHED,
+    dict(HY_V3_PUBLISHED, moe_router_use_sigmoid=None),  # softmax with the expert bias: megatron-core refuses it
 ], ids=['longrope-top-level', 'longrope-no-gap', 'yarn', 'dots1-softmax', 'v3-published', 'qwen3_moe-no-norm',
-        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0'])
+        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0', 'hy_v3-published',
+        'hy_v3-bias-only'])
 def test_no_warning_for_matrix_values_that_agree(config):
     assert upstream_difference_warnings(config) == []

@@ -56,7 +56,6 @@ def test_unsupported_models_are_refused_at_k_gt_1(kw, message):
 MCORE_REFUSED_MESSAGES = {
     'glm4': r'GLM-4-0414: mcore-bridge builds it with its own layer spec \(Glm4SelfAttention / Glm4MLP',
     'minimax_m2': r'MiniMax-M2: mcore-bridge builds it with its own attention',
-    'hy_v3': r'Hunyuan-V3: mcore-bridge builds it with its own bridge',
     'bailing_moe': r'Ling/Ring 2.0 \(BailingMoeV2\): .*transformers has no class for it',
     'bailing_hybrid': r'lightning linear attention .* Needed: the recurrence restarted per document over patches',
     'nemotron_h': r'Mamba-2 hybrid .*megatron-core 0.16.1 does not have .* Needed: ',
@@ -98,18 +97,20 @@ def test_gpt_families_train_at_k_gt_1_through_the_plt_model_meta(model_type, mon
     assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
 
 
-def test_olmoe_trains_at_k_gt_1_through_olmoe_plt(monkeypatch):
-    """OLMoE, built by mcore-bridge's own `olmoe` type, gets `olmoe_plt` (its loader with PLT's model classes); no
-    hybrid refusal applies (context parallel is accepted); K=1 keeps upstream's meta object."""
+@pytest.mark.parametrize('model_type', ['olmoe', 'hy_v3'])
+def test_own_type_families_train_at_k_gt_1_through_their_plt_meta(model_type, monkeypatch):
+    """OLMoE and Hunyuan-V3, built by mcore-bridge's own `olmoe` / `hy_v3` types, get `<type>_plt` (their loader and
+    bridge with PLT's model classes); no hybrid refusal applies (context parallel is accepted); K=1 keeps upstream's
+    meta object."""
     import swift_plt.plugin.register as register
     monkeypatch.setattr(register, 'plt_model_meta', lambda t: SimpleNamespace(model_type=t + '_plt'))
-    args = make_args(patch_size=4, model_type='olmoe', megatron_model_meta=SimpleNamespace(model_type='olmoe'),
+    args = make_args(patch_size=4, model_type=model_type, megatron_model_meta=SimpleNamespace(model_type=model_type),
                      context_parallel_size=2, cp_partition_mode='zigzag')
-    assert resolve_patch_size(args) == 4 and args.megatron_model_meta.model_type == 'olmoe_plt'
-    args = make_args(patch_size=1, model_type='olmoe', megatron_model_meta=SimpleNamespace(model_type='olmoe'))
+    assert resolve_patch_size(args) == 4 and args.megatron_model_meta.model_type == model_type + '_plt'
+    args = make_args(patch_size=1, model_type=model_type, megatron_model_meta=SimpleNamespace(model_type=model_type))
     upstream = args.megatron_model_meta
     assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
-    assert resolve_patch_size_hf(make_hf_args(patch_size=4, model_type='olmoe'), 'train') == 4  # HF side
+    assert resolve_patch_size_hf(make_hf_args(patch_size=4, model_type=model_type), 'train') == 4  # HF side
 
 
 def hybrid_args(model_type, **kw):
