@@ -60,6 +60,14 @@ normalises q and k per head and routes by sigmoid with the expert bias (it ignor
 bias is refused by megatron-core itself). Toy Hunyuan-V3 (tiny_families): no ``qk_norm``: logits rel 0.52; neither
 routing key: logits rel 0.10; the published keys: max |d| 1.0e-6.
 
+Ling/Ring 2.0 (``bailing_moe``; no transformers class: the reference is its published modeling code, written out in
+tests/harness/bailing_moe.py). Its gate scores a group by the sum of its top 2 expert scores; megatron-core by the sum
+of its top ``num_experts_per_tok // topk_group`` (equal for the published 8 // 4). mcore-bridge reads the attention
+biases from ``use_bias`` (the QKV projection's, and no output bias) where the model has ``use_qkv_bias`` (QKV) and
+``use_bias`` (output): a config.json with either true gets biases transformers' model does not have, or lacks its
+own. Toy Ling 2.0 (8 experts in 2 groups, top-1 group): top-4: logits rel 0.12; ``use_qkv_bias``: rel 0.48;
+``use_bias``: rel 0.71; the published values: max |d| 9.8e-7.
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -85,6 +93,8 @@ DROPPED_WINDOW = ('qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe')
 SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4.5: logits rel {size})'
 HY_V3_QK_SIZE = 'toy Hunyuan-V3: logits rel 0.52'
 HY_V3_ROUTER_SIZE = 'toy Hunyuan-V3: logits rel 0.10'
+BAILING_GROUP_SIZE = 'toy Ling 2.0, 2 groups of 4 experts, top-1 group, top-4: logits rel 0.12'
+BAILING_BIAS_SIZE = 'toy Ling 2.0: logits rel {size}'
 TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
 
@@ -119,7 +129,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         model_type = _get(config, 'model_type') or 'model'
         out += _rope_warnings(config, model_type) + _scoring_warnings(config, model_type)
         out += _noaux_tc_warnings(config, model_type) + _window_warnings(config, model_type)
-        out += _hy_v3_warnings(config, model_type)
+        out += _hy_v3_warnings(config, model_type) + _bailing_warnings(config, model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -228,6 +238,28 @@ def _hy_v3_warnings(config, model_type) -> List[str]:
         out.append(head + 'has neither moe_router_use_sigmoid=true nor moe_router_enable_expert_bias=true: Megatron '
                    'routes by softmax without the expert bias, transformers\' HYV3 by sigmoid with it; '
                    + HY_V3_ROUTER_SIZE + TAIL)
+    return out
+
+
+def _bailing_warnings(config, model_type) -> List[str]:
+    """Ling/Ring 2.0 config.json values whose Megatron model differs from its own modeling code (module docstring)."""
+    if model_type != 'bailing_moe':
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    limit = _group_limit(config)
+    if limit is not None and limit[2] // limit[1] != 2:
+        n_group, topk_group, topk = limit
+        out.append(head + f'n_group {n_group}, topk_group {topk_group}, num_experts_per_tok {topk}: Megatron keeps a '
+                   f'token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} expert scores, '
+                   'Ling\'s own code by its top-2; ' + BAILING_GROUP_SIZE + TAIL)
+    if _get(config, 'use_qkv_bias'):
+        out.append(head + 'use_qkv_bias=true: Megatron builds the QKV projection without it (mcore-bridge reads '
+                   'use_bias for that bias), the checkpoint\'s own code adds it; '
+                   + BAILING_BIAS_SIZE.format(size='0.48') + TAIL)
+    if _get(config, 'use_bias'):
+        out.append(head + 'use_bias=true: Megatron gives the QKV projection a bias its bridge does not load and the '
+                   'output projection none, the checkpoint\'s own code the reverse; '
+                   + BAILING_BIAS_SIZE.format(size='0.71') + TAIL)
     return out
 
 

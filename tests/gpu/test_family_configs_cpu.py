@@ -37,8 +37,9 @@ def test_groups_cover_every_family_once():
     from swift_plt.models.families import FAMILIES
     types = {mfc.family_config(n)['model_type'] for n in mfc.NAMES}
     # every family transformers builds without remote code has a published config here (kimi_k2 as deepseek_v3),
-    # but olmoe, gpt_oss and hy_v3 (CPU-proven, their GPU parity not yet run)
-    assert set(FAMILIES) - types == {'internlm3', 'mimo', 'deepseek', 'kimi_k2', 'olmoe', 'gpt_oss', 'hy_v3'}
+    # but olmoe, gpt_oss, hy_v3 and bailing_moe (CPU-proven, their GPU parity not yet run)
+    assert set(FAMILIES) - types == {'internlm3', 'mimo', 'deepseek', 'kimi_k2', 'olmoe', 'gpt_oss', 'hy_v3',
+                                     'bailing_moe'}
 
 
 # the families of mfc.NAMES this transformers builds (4.57.x: all but glm4_moe_lite)

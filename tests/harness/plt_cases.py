@@ -38,11 +38,16 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
     from swift_plt.compat.transformers import hf_rope_guard
     from swift_plt.patch_level.reference import padded_batch_nll
 
+    from .bailing_moe import BailingMoeV2ForCausalLM, is_bailing_moe
     from .hf_reference import as_transformers_5
-    with hf_rope_guard():
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
-                                                     **config)
-    as_transformers_5(model)
+    if is_bailing_moe(hf_dir):  # no transformers class: the hand-written model of its published code
+        assert not config, config
+        model = BailingMoeV2ForCausalLM.from_pretrained(hf_dir)
+    else:
+        with hf_rope_guard():
+            model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
+                                                         **config)
+        as_transformers_5(model)
     for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
         assert getattr(model.config, name) == value, name
     model.zero_grad()
@@ -58,6 +63,10 @@ def patch_level_hf_config(hf_dir, k=K):
     import math
 
     from transformers import AutoConfig
+
+    from .bailing_moe import is_bailing_moe
+    if is_bailing_moe(hf_dir):
+        return {}
     window = getattr(AutoConfig.from_pretrained(hf_dir), 'sliding_window', None)
     return {} if window is None else {'sliding_window': math.ceil(window / k)}
 

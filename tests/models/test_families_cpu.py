@@ -1,6 +1,8 @@
 """PLT on every structure of the mcore-bridge `gpt` families, for real on CPU (tests/harness), fp32: K=4 loss and
 every gradient equal the brute-force PatchTrain formula on the family's own HF model; K=1 through PLT's model type is
 the stock `gpt` model bit for bit."""
+from functools import partial
+
 import pytest
 import torch
 
@@ -19,14 +21,16 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # (ernie4_5_moe), mcore-bridge's own `olmoe` type (QK-norm over all heads' channels, softmax top-k not
 # renormalised), GPT-OSS (sliding-window layers, attention sinks, biased experts and router), mcore-bridge's `hy_v3`
 # type (per-head QK-norm, sigmoid routing with expert bias, renormalised and scaled, shared MLP, dense first layer,
-# random norm weights); slow tier: the ones whose structures the others cover (their published shapes run on the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'hy_v3'] + [
+# random norm weights), mcore-bridge's `bailing_moe` type (Ling 2.0: fused QKV, partial rotary, group-limited sigmoid
+# routing with expert bias; against the hand-written model of its published code, harness/bailing_moe.py); slow
+# tier: the ones whose structures the others cover (their published shapes run on the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'hy_v3', 'bailing_moe'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
 def mcore_types(family):
-    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe, hy_v3)."""
+    """(stock, PLT) mcore-bridge model types of a family: `gpt` / `gpt_plt`, or its own type (hybrids, olmoe, ...)."""
     stock = FAMILY_MCORE_TYPES.get(family, 'gpt')
     return stock, stock + '_plt'
 
@@ -42,11 +46,13 @@ def family_dirs(tmp_path_factory):
 
 
 def family_dir(family_dirs, tmp_path_factory, family):
+    from harness.bailing_moe import make_tiny_bailing_moe
     from swift_plt.tools.tiny_families import unavailable
-    if unavailable(family):  # Qwen3.5 on transformers 4.57
+    if family != 'bailing_moe' and unavailable(family):  # Qwen3.5 on transformers 4.57
         pytest.skip(unavailable(family))
     if family not in family_dirs:
-        family_dirs[family] = make_tiny_family(family, str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
+        make = make_tiny_bailing_moe if family == 'bailing_moe' else partial(make_tiny_family, family)
+        family_dirs[family] = make(str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
     return family_dirs[family]
 
 
@@ -60,7 +66,7 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss', 'hy_v3'])
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss', 'hy_v3', 'bailing_moe'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)
