@@ -19,6 +19,12 @@ def verified_upstream(mcore_type: str):
     if mcore_type == 'minimax_m2':  # its own attention (QK-norm over all heads' channels) and MoE bridge
         from mcore_bridge.model.gpts.minimax_m2 import MinimaxM2Bridge, MinimaxM2Loader
         return MinimaxM2Loader, MinimaxM2Bridge
+    if mcore_type == 'hy_v3':  # the `gpt` loader; its bridge names the router, expert bias and shared MLP its way
+        from mcore_bridge.model.gpts.hunyuan import HyV3Bridge
+        return ModelLoader, HyV3Bridge
+    if mcore_type == 'bailing_moe':  # the `gpt` loader; its bridge splits the fused QKV [Q heads | K | V] per group
+        from mcore_bridge.model.gpts.bailing_moe import BailingMoeBridge
+        return ModelLoader, BailingMoeBridge
     # the hybrids: mcore-bridge's default (USE_MCORE_GDN=1) path, megatron-core's Gated DeltaNet
     from mcore_bridge.model.gpts.qwen3_next_gdn import Qwen3NextGDNBridge, Qwen3NextLoader
     if mcore_type == 'qwen3_next':

@@ -1,8 +1,8 @@
 """Which model families take ``--patch_size K > 1``: the decoders mcore-bridge builds as its ``gpt`` type, OLMoE,
-OLMoE, GLM-4-0414,
-MiniMax-M2 and the hybrid Gated-DeltaNet decoders it builds with their own types, keyed by the HF ``model_type`` of
-config.json; and every other model type of mcore-bridge 1.6.5, with why PLT refuses it. PLT only wraps the decoder
-(pooling, positions, masks, loss), so one ``PLTGPTModel`` serves them all (docs/model-families.md). Imports no torch."""
+GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling/Ring 2.0 and the hybrid Gated-DeltaNet decoders it builds with their own
+types, keyed by the HF ``model_type`` of config.json; and every other model type of mcore-bridge 1.6.5, with why PLT
+refuses it. PLT only wraps the decoder (pooling, positions, masks, loss), so one ``PLTGPTModel`` serves them all
+(docs/model-families.md). Imports no torch."""
 from typing import Optional
 
 from swift_plt.compat.mcore_bridge_types import MCORE_BRIDGE_VERIFIED
@@ -32,6 +32,13 @@ FAMILIES = {
     'glm4': 'dense',  # mcore-bridge type `glm4` (GLM-4-0414): RMSNorms after attention and after the MLP
     # mcore-bridge type `minimax_m2`: QK-norm over all heads' channels, partial rotary, sigmoid routing + expert bias
     'minimax_m2': 'moe',
+    # mcore-bridge type `hy_v3` (`gpt` layer spec, its own bridge names): per-head QK-norm, sigmoid routing with
+    # expert bias, top-k renormalised and scaled, a shared MLP, dense first layer(s)
+    'hy_v3': 'moe',
+    # Ling/Ring 2.0 (BailingMoeV2), mcore-bridge type `bailing_moe` (`gpt` layer spec, its own bridge: fused QKV
+    # layout): per-head QK-norm, partial rotary, sigmoid group-limited routing with expert bias, renormalised and
+    # scaled, a shared expert, dense first layer(s); Megatron side only (transformers has no class for it)
+    'bailing_moe': 'moe',
     # hybrids: 3 of 4 layers Gated DeltaNet (causal conv + gated delta rule), the 4th gated attention
     'qwen3_next': 'hybrid+moe',
     'qwen3_5': 'hybrid',  # Qwen3_5ForConditionalGeneration: text-only at K > 1
@@ -40,10 +47,18 @@ FAMILIES = {
 
 # hybrid families -> the mcore-bridge model type that builds them (not `gpt`); PLT registers `<type>_plt` for each
 HYBRID_MCORE_TYPES = {'qwen3_next': 'qwen3_next', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5'}
-# families mcore-bridge builds with their own (non-hybrid) type and layer spec; PLT registers `<type>_plt` for each
-OWN_MCORE_TYPES = {'olmoe': 'olmoe', 'glm4': 'glm4', 'minimax_m2': 'minimax_m2'}
+# families mcore-bridge builds with their own (non-hybrid) type (layer spec or bridge); PLT registers `<type>_plt`
+OWN_MCORE_TYPES = {'olmoe': 'olmoe', 'glm4': 'glm4', 'minimax_m2': 'minimax_m2', 'hy_v3': 'hy_v3',
+                   'bailing_moe': 'bailing_moe'}
 # every family not built as `gpt` -> its mcore-bridge type
 FAMILY_MCORE_TYPES = {**HYBRID_MCORE_TYPES, **OWN_MCORE_TYPES}
+# supported families the HF backend (`swift pt/sft`) refuses at K > 1, and why: its PLT model wraps transformers' own
+# class of the family
+HF_SIDE_REFUSED = {
+    'bailing_moe': ('transformers has no class for Ling/Ring 2.0 (its checkpoints bring their own modeling code), and '
+                    'the HF-side PLT model wraps transformers\' own class of the family; train it at K > 1 with '
+                    '`megatron pt/sft`'),
+}
 # multimodal checkpoints whose language model PLT trains on text-only data (a sample with images is refused)
 TEXT_ONLY_MULTIMODAL = ('qwen3_5', 'qwen3_5_moe')
 
@@ -79,9 +94,6 @@ MCORE_GPT_TYPES_VERIFIED = ('qwen2', 'llama', 'qwen3', 'qwen2_moe', 'qwen3_moe',
 _OWN_SPEC = 'mcore-bridge builds it with its own {what}; not yet verified at patch level (no CPU structure test ' \
             'against its HF model, no GPU parity)'
 MCORE_REFUSED = {
-    'hy_v3': 'Hunyuan-V3: ' + _OWN_SPEC.format(what='bridge (router, expert bias and shared-MLP weights)'),
-    'bailing_moe': ('Ling/Ring 2.0 (BailingMoeV2): ' + _OWN_SPEC.format(what='bridge (fused QKV layout, expert bias)')
-                    + '; transformers has no class for it (the checkpoint\'s own modeling code)'),
     'bailing_hybrid': ('Ling/Ring 2.5 hybrid: lightning linear attention (a decayed recurrence over tokens, '
                        'mcore-bridge\'s LinearAttention) in all but every layer_group_size-th layer (full '
                        'attention); not yet verified at patch level. Needed: the recurrence restarted per document '

@@ -65,6 +65,22 @@ applies ``q_norm`` / ``k_norm`` and routes by sigmoid with ``e_score_correction_
 (``use_qk_norm`` -> ``qk_layernorm``, ``scoring_func`` -> ``moe_router_score_function``, softmax by default, and
 then no expert bias), so Megatron has no QK-norm (toy MiniMax-M2: logits rel 0.83) or routes by softmax (rel 0.27).
 
+Hunyuan-V3 (``hy_v3``) config.json without the published keys mcore-bridge reads: transformers' HYV3 always
+normalises q and k per head and routes by sigmoid with the expert bias (it ignores ``qk_norm``,
+``moe_router_use_sigmoid``, ``moe_router_enable_expert_bias``); mcore-bridge builds QK-norm only with ``qk_norm: true``
+(without it the checkpoint's q_norm / k_norm weights are left unread) and routes by softmax, without the bias, unless
+``moe_router_use_sigmoid`` (or ``scoring_func``) says sigmoid or the expert bias is enabled (a softmax router with the
+bias is refused by megatron-core itself). Toy Hunyuan-V3 (tiny_families): no ``qk_norm``: logits rel 0.52; neither
+routing key: logits rel 0.10; the published keys: max |d| 1.0e-6.
+
+Ling/Ring 2.0 (``bailing_moe``; no transformers class: the reference is its published modeling code, written out in
+tests/harness/bailing_moe.py). Its gate scores a group by the sum of its top 2 expert scores; megatron-core by the sum
+of its top ``num_experts_per_tok // topk_group`` (equal for the published 8 // 4). mcore-bridge reads the attention
+biases from ``use_bias`` (the QKV projection's, and no output bias) where the model has ``use_qkv_bias`` (QKV) and
+``use_bias`` (output): a config.json with either true gets biases transformers' model does not have, or lacks its
+own. Toy Ling 2.0 (8 experts in 2 groups, top-1 group): top-4: logits rel 0.12; ``use_qkv_bias``: rel 0.48;
+``use_bias``: rel 0.71; the published values: max |d| 9.8e-7.
+
 Logged at start-up by the plugin's ``MegatronArguments._init_distributed``
 (swift_plt/plugin/patches/swift_megatron_arguments.py), at any K: the stock model differs too.
 """
@@ -93,6 +109,10 @@ SIGMOID_NORM_SIZE = 'every routed expert weight differs (toy DeepSeek-V3 / GLM-4
 GATE_UP_EXPORT_SIZE = 'toy GLM-4 exported unchanged and reloaded: logits rel 1.2'
 # families whose transformers class holds the dense MLP as gate_up_proj where mcore-bridge exports gate_proj / up_proj
 GATE_UP_EXPORT = ('glm4', )
+HY_V3_QK_SIZE = 'toy Hunyuan-V3: logits rel 0.52'
+HY_V3_ROUTER_SIZE = 'toy Hunyuan-V3: logits rel 0.10'
+BAILING_GROUP_SIZE = 'toy Ling 2.0, 2 groups of 4 experts, top-1 group, top-4: logits rel 0.12'
+BAILING_BIAS_SIZE = 'toy Ling 2.0: logits rel {size}'
 TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
 
@@ -129,6 +149,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         out += _noaux_tc_warnings(config, model_type) + _window_warnings(config, model_type)
         out += _export_warnings(model_type)
         out += _minimax_m2_warnings(config, model_type)
+        out += _hy_v3_warnings(config, model_type) + _bailing_warnings(config, model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -241,6 +262,53 @@ def _minimax_m2_warnings(config, model_type) -> List[str]:
         out.append(head + f'scoring_func={scoring}: Megatron routes by {scoring or "softmax"} without the expert '
                    'bias, transformers\' MiniMaxM2 by sigmoid with e_score_correction_bias whatever the field says; '
                    + MINIMAX_SCORING_SIZE + TAIL)
+    return out
+
+
+def _megatron_score_function(config) -> str:
+    """The router score function mcore-bridge gives Megatron (``parser._convert_config``: the first of
+    ``scoring_func``, a true ``moe_router_use_sigmoid``, ``score_function``; else megatron-core's softmax)."""
+    if _get(config, 'scoring_func') is not None:
+        return _get(config, 'scoring_func')
+    if _get(config, 'moe_router_use_sigmoid'):
+        return 'sigmoid'
+    return _get(config, 'score_function') or 'softmax'
+
+
+def _hy_v3_warnings(config, model_type) -> List[str]:
+    """Hunyuan-V3 config.json without the keys that make mcore-bridge build transformers' HYV3 (module docstring)."""
+    if model_type != 'hy_v3':
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    if not (_get(config, 'qk_norm') or _get(config, 'use_qk_norm')):
+        out.append(head + 'has no qk_norm=true: Megatron builds no QK-norm (the checkpoint\'s q_norm / k_norm are not '
+                   'loaded), transformers\' HYV3 always normalises q and k per head; ' + HY_V3_QK_SIZE + TAIL)
+    if _megatron_score_function(config) != 'sigmoid' and not _get(config, 'moe_router_enable_expert_bias'):
+        out.append(head + 'has neither moe_router_use_sigmoid=true nor moe_router_enable_expert_bias=true: Megatron '
+                   'routes by softmax without the expert bias, transformers\' HYV3 by sigmoid with it; '
+                   + HY_V3_ROUTER_SIZE + TAIL)
+    return out
+
+
+def _bailing_warnings(config, model_type) -> List[str]:
+    """Ling/Ring 2.0 config.json values whose Megatron model differs from its own modeling code (module docstring)."""
+    if model_type != 'bailing_moe':
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    limit = _group_limit(config)
+    if limit is not None and limit[2] // limit[1] != 2:
+        n_group, topk_group, topk = limit
+        out.append(head + f'n_group {n_group}, topk_group {topk_group}, num_experts_per_tok {topk}: Megatron keeps a '
+                   f'token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} expert scores, '
+                   'Ling\'s own code by its top-2; ' + BAILING_GROUP_SIZE + TAIL)
+    if _get(config, 'use_qkv_bias'):
+        out.append(head + 'use_qkv_bias=true: Megatron builds the QKV projection without it (mcore-bridge reads '
+                   'use_bias for that bias), the checkpoint\'s own code adds it; '
+                   + BAILING_BIAS_SIZE.format(size='0.48') + TAIL)
+    if _get(config, 'use_bias'):
+        out.append(head + 'use_bias=true: Megatron gives the QKV projection a bias its bridge does not load and the '
+                   'output projection none, the checkpoint\'s own code the reverse; '
+                   + BAILING_BIAS_SIZE.format(size='0.71') + TAIL)
     return out
 
 

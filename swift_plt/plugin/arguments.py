@@ -159,6 +159,11 @@ def resolve_patch_size_hf(args, command: str) -> int:
         raise ValueError(f'--patch_size {k}: a patch-level (PLT) model does not generate token by token, so only '
                          'training (swift pt/sft, megatron pt/sft) and swift export take --patch_size > 1. Use the '
                          'token-level model here: drop --patch_size (checkpoints are saved as the plain model).')
+    config = getattr(getattr(args, 'model_info', None), 'config', None)
+    model_type = getattr(config, 'model_type', None) or getattr(args, 'model_type', None)
+    if model_type in families.HF_SIDE_REFUSED:
+        raise ValueError(f'--patch_size {k}: `{model_type}` on the HF backend: {families.HF_SIDE_REFUSED[model_type]}. '
+                         'Or use --patch_size 1.')
     problems = [msg for name, is_set, msg in HF_UNSUPPORTED if is_set(getattr(args, name, None))]
     loss_scale = getattr(args, 'loss_scale', None)
     if loss_scale is not None and not getattr(args, 'is_binary_loss_scale', None):

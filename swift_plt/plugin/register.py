@@ -49,9 +49,10 @@ def plt_gpt_model_meta():
 
 
 def plt_model_meta(mcore_type: str):
-    """mcore-bridge's meta of ``<mcore_type>_plt`` (``gpt_plt``, ``olmoe_plt``, ``glm4_plt``, ``qwen3_next_plt``,
-    ``qwen3_5_plt``): the upstream meta (bridge, vision tower, loader) with PLT's model classes and ``PLTModelConfig``;
-    no HF model type maps to it, so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
+    """mcore-bridge's meta of ``<mcore_type>_plt`` (``gpt_plt``, ``qwen3_next_plt``, ``qwen3_5_plt``, an own type's
+    such as ``olmoe_plt``): the upstream meta (bridge, vision tower, loader) with PLT's model classes and
+    ``PLTModelConfig``; no HF model type maps to it, so only ``--patch_size K > 1`` selects it
+    (swift_plt.plugin.arguments)."""
     from mcore_bridge.model.register import ModelMeta, get_model_meta, register_model
 
     from swift_plt.models import families

@@ -9,7 +9,7 @@ from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_con
 FAMILIES: Tuple[str, ...] = ('llama', 'qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3')
 # the structures of the other families, built on demand (tests/models/test_families_cpu.py)
 MORE_FAMILIES: Tuple[str, ...] = ('glm4_moe', 'deepseek_v2', 'glm4_moe_lite', 'dots1', 'ernie4_5', 'ernie4_5_moe',
-                                  'olmoe', 'gpt_oss', 'glm4', 'minimax_m2')
+                                  'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3')
 # the hybrid Gated-DeltaNet decoders: 3 linear-attention layers, then 1 gated full-attention layer
 HYBRID_FAMILIES: Tuple[str, ...] = ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')
 
@@ -101,6 +101,14 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     'minimax_m2': ('MiniMaxM2Config', 'MiniMaxM2ForCausalLM',
                    dict(head_dim=32, rotary_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                         use_qk_norm=True, qk_norm_type='per_layer', scoring_func='sigmoid', use_routing_bias=True)),
+    # Hunyuan-V3 (mcore-bridge type `hy_v3`): per-head QK-norm, sigmoid routing with expert bias, top-k renormalised
+    # and scaled, a shared MLP, one dense first layer; config.json's keys as published (first_k_dense_replace,
+    # qk_norm, moe_router_use_sigmoid, ...: what mcore-bridge reads; transformers ignores them), its rope theta
+    'hy_v3': ('HYV3Config', 'HYV3ForCausalLM',
+              dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
+                   router_scaling_factor=2.826, first_k_dense_replace=1, qk_norm=True, moe_router_use_sigmoid=True,
+                   moe_router_enable_expert_bias=True, route_norm=True, enable_moe_fp32_combine=False,
+                   rope_parameters={'rope_theta': 11158840.0, 'rope_type': 'default'})),
     # --- hybrids (Gated DeltaNet: conv + gated delta rule; gated attention with partial rotary and zero-centred
     # norms): 4 layers, the 4th full attention (full_attention_interval 4, what mcore-bridge reads) ---
     'qwen3_next': ('Qwen3NextConfig', 'Qwen3NextForCausalLM', dict(_HYBRID, shared_expert_intermediate_size=64,
@@ -111,12 +119,10 @@ _SPECS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
                     dict(_HYBRID, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                          shared_expert_intermediate_size=64)),
 }
-# families whose norm weights (ones at init) and biases (zeros) get random values: a norm or bias the conversion or
-# PLT dropped would otherwise still match
-_RANDOM_NORMS_AND_BIASES: Tuple[str, ...] = ('glm4', )
-# families whose RMSNorm weights (ones at init) are set to 1 + N(0, 0.2): a norm weight loaded into the wrong place
-# (or not at all) changes the logits
-_RANDOM_NORMS: Tuple[str, ...] = ('minimax_m2', )
+# families whose RMSNorm weights (ones at init) are drawn as 1 + N(0, scale²), and whose biases (zeros) as N(0, 0.1²):
+# a norm or bias the conversion or PLT dropped or swapped would otherwise still match
+_RANDOM_NORM_SCALE: Dict[str, float] = {'glm4': 0.3, 'minimax_m2': 0.2, 'hy_v3': 0.3}
+_RANDOM_BIASES: Tuple[str, ...] = ('glm4', )
 # a vision tower of a few thousand parameters for the multimodal checkpoints (text-only at K > 1)
 _TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                     num_position_embeddings=64)
@@ -167,12 +173,10 @@ def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int
                     param.copy_(torch.randn_like(param))
                 elif name.endswith(('experts.gate_up_proj_bias', 'experts.down_proj_bias')):  # zeros at init
                     param.copy_(0.1 * torch.randn_like(param))
-                elif family in _RANDOM_NORMS_AND_BIASES and name.endswith('norm.weight'):
-                    param.copy_(1.0 + 0.3 * torch.randn_like(param))
-                elif family in _RANDOM_NORMS_AND_BIASES and name.endswith('.bias'):
+                elif family in _RANDOM_NORM_SCALE and name.endswith('norm.weight'):
+                    param.copy_(1.0 + _RANDOM_NORM_SCALE[family] * torch.randn_like(param))
+                elif family in _RANDOM_BIASES and name.endswith('.bias'):
                     param.copy_(0.1 * torch.randn_like(param))
-                elif family in _RANDOM_NORMS and name.endswith('norm.weight'):
-                    param.copy_(1 + 0.2 * torch.randn_like(param))
     model.save_pretrained(out_dir, safe_serialization=True)
     if 'full_attention_interval' in kwargs:  # transformers 5 keeps layer_types only; mcore-bridge reads the interval
         _set_config_field(out_dir, 'full_attention_interval', kwargs['full_attention_interval'])

@@ -51,6 +51,8 @@ def build_mcore_model(hf_dir: str,
     if (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size()
             ) != (tp, pp):
         raise ValueError(f'parallel state is not (tp={tp}, pp={pp}); initialise it with init_megatron/spawn')
+    from .bailing_moe import register_config
+    register_config()  # Ling 2.0's config.json (no transformers class: its checkpoint's own configuration)
     model_meta = get_model_meta(mcore_model_type)
     if model_meta is None:
         raise ValueError(f'mcore_model_type {mcore_model_type!r} is not registered in mcore_bridge MODEL_MAPPING')

@@ -38,11 +38,16 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
     from swift_plt.compat.transformers import hf_rope_guard
     from swift_plt.patch_level.reference import padded_batch_nll
 
+    from .bailing_moe import BailingMoeV2ForCausalLM, is_bailing_moe
     from .hf_reference import as_transformers_5
-    with hf_rope_guard():
-        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
-                                                     **config)
-    as_transformers_5(model)
+    if is_bailing_moe(hf_dir):  # no transformers class: the hand-written model of its published code
+        assert not config, config
+        model = BailingMoeV2ForCausalLM.from_pretrained(hf_dir)
+    else:
+        with hf_rope_guard():
+            model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
+                                                         **config)
+        as_transformers_5(model)
     for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
         assert getattr(model.config, name) == value, name
     model.zero_grad()
@@ -58,6 +63,10 @@ def patch_level_hf_config(hf_dir, k=K):
     import math
 
     from transformers import AutoConfig
+
+    from .bailing_moe import is_bailing_moe
+    if is_bailing_moe(hf_dir):
+        return {}
     window = getattr(AutoConfig.from_pretrained(hf_dir), 'sliding_window', None)
     return {} if window is None else {'sliding_window': math.ceil(window / k)}
 
@@ -128,19 +137,23 @@ def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False,
     return out
 
 
-# checkpoint names transformers 5 renames on loading (its conversion mapping) -> its module names: MiniMax-M2's
-_CHECKPOINT_RENAMES = (('.block_sparse_moe.', '.mlp.'), ('.w1.weight', '.gate_proj.weight'),
-                       ('.w3.weight', '.up_proj.weight'), ('.w2.weight', '.down_proj.weight'))
+# checkpoint names mcore-bridge exports -> the parameter names transformers 5 renames them to on load: Hunyuan-V3's
+# router and shared MLP, MiniMax-M2's block_sparse_moe with experts w1 / w3 / w2 (first match of each pattern, in order)
+_CHECKPOINT_RENAMES = ((r'\.mlp\.router\.gate\.weight$', '.mlp.gate.weight'),
+                       (r'\.mlp\.shared_mlp\.', '.mlp.shared_experts.'),
+                       (r'\.block_sparse_moe\.experts\.(\d+)\.w1\.weight$', r'.mlp.experts.\1.gate_proj.weight'),
+                       (r'\.block_sparse_moe\.experts\.(\d+)\.w3\.weight$', r'.mlp.experts.\1.up_proj.weight'),
+                       (r'\.block_sparse_moe\.experts\.(\d+)\.w2\.weight$', r'.mlp.experts.\1.down_proj.weight'),
+                       (r'\.block_sparse_moe\.', '.mlp.'))
 
 
-def hf_module_names(grads):
-    """Checkpoint names (what mcore-bridge exports) -> the per-expert names ``fuse_experts`` takes and the module names
-    transformers holds, where the two differ (MiniMax-M2: ``block_sparse_moe.experts.{e}.w1`` = ``mlp.experts``)."""
+def transformers_names(grads):
+    """``grads`` keyed by checkpoint names -> keyed by the transformers model's parameter names (its renames)."""
+    import re
     out = {}
     for name, t in grads.items():
-        if '.block_sparse_moe.' in name:
-            for old, new in _CHECKPOINT_RENAMES:
-                name = name.replace(old, new)
+        for pattern, repl in _CHECKPOINT_RENAMES:
+            name = re.sub(pattern, repl, name)
         out[name] = t
     return out
 

@@ -1,12 +1,14 @@
 """PLT on every structure of the mcore-bridge `gpt` families, for real on CPU (tests/harness), fp32: K=4 loss and
 every gradient equal the brute-force PatchTrain formula on the family's own HF model; K=1 through PLT's model type is
 the stock `gpt` model bit for bit."""
+from functools import partial
+
 import pytest
 import torch
 
 from harness.dist import spawn
-from harness.plt_cases import (K, VOCAB, fuse_experts, fuse_gate_up, hf_module_names, hf_plt_reference, make_batch,
-                               mcore_loss, patch_level_hf_config)
+from harness.plt_cases import (K, VOCAB, fuse_experts, fuse_gate_up, hf_plt_reference, make_batch, mcore_loss,
+                               patch_level_hf_config, transformers_names)
 from swift_plt.models.families import FAMILY_MCORE_TYPES
 from swift_plt.models.upstream_differences import GATE_UP_EXPORT
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
@@ -20,10 +22,13 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # (ernie4_5_moe), mcore-bridge's own `olmoe` type (QK-norm over all heads' channels, softmax top-k not
 # renormalised), GPT-OSS (sliding-window layers, attention sinks, biased experts and router), mcore-bridge's own `glm4`
 # type (RMSNorms after attention and after the MLP, interleaved partial rotary, qkv bias; random norm weights and
-# biases) and `minimax_m2` type (QK-norm over all heads' channels, partial rotary, GQA, sigmoid routing with an expert
-# bias, top-k renormalised, random norm weights); slow tier: the ones whose structures the others cover (their
-# published shapes run on the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'glm4', 'minimax_m2'] + [
+# biases), `minimax_m2` type (QK-norm over all heads' channels, partial rotary, GQA, sigmoid routing with an expert
+# bias, top-k renormalised, random norm weights), `hy_v3` type (per-head QK-norm, sigmoid routing with expert bias,
+# renormalised and scaled, shared MLP, dense first layer, random norm weights) and `bailing_moe` type (Ling 2.0: fused
+# QKV, partial rotary, group-limited sigmoid routing with expert bias; against the hand-written model of its published
+# code, harness/bailing_moe.py); slow tier: the ones whose structures the others cover (their published shapes run on
+# the GPU)
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
@@ -45,18 +50,20 @@ def family_dirs(tmp_path_factory):
 
 
 def family_dir(family_dirs, tmp_path_factory, family):
+    from harness.bailing_moe import make_tiny_bailing_moe
     from swift_plt.tools.tiny_families import unavailable
-    if unavailable(family):  # Qwen3.5 on transformers 4.57
+    if family != 'bailing_moe' and unavailable(family):  # Qwen3.5 on transformers 4.57
         pytest.skip(unavailable(family))
     if family not in family_dirs:
-        family_dirs[family] = make_tiny_family(family, str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
+        make = make_tiny_bailing_moe if family == 'bailing_moe' else partial(make_tiny_family, family)
+        family_dirs[family] = make(str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
     return family_dirs[family]
 
 
 def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
     # a multimodal checkpoint's language model (mcore-bridge's names) = transformers' *ForCausalLM of its text config
-    grads = {n.replace('model.language_model.', 'model.'): g for n, g in grads.items()}
-    grads = hf_module_names(grads)  # MiniMax-M2's checkpoint names (block_sparse_moe, w1/w3/w2) -> transformers'
+    # checkpoint names (MiniMax-M2's block_sparse_moe / w1 w3 w2, Hunyuan-V3's router / shared_mlp) -> transformers'
+    grads = transformers_names({n.replace('model.language_model.', 'model.'): g for n, g in grads.items()})
     grads = fuse_experts(grads) if any('.experts.' in n and n.endswith('_proj') for n in ref) else grads
     grads = fuse_gate_up(grads) if any(n.endswith('.mlp.gate_up_proj.weight') for n in ref) else grads  # GLM-4
     missing = sorted(set(ref) - set(grads))
@@ -65,7 +72,8 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
         torch.testing.assert_close(grads[name], g, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
 
 
-@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + ['olmoe', 'gpt_oss', 'glm4', 'minimax_m2'])
+@pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + [
+    'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)

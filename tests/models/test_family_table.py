@@ -35,17 +35,22 @@ def test_hybrid_table_matches_installed_mcore_bridge():
 def _plt_hybrid_metas():
     from swift_plt.plugin.register import plt_model_meta
     return {t: (plt_model_meta(t).model_type, plt_model_meta(t).loader.__mro__[2].__module__,
-                plt_model_meta(t).visual_cls is not None)
-            for t in ('qwen3_next', 'qwen3_5', 'olmoe', 'glm4', 'minimax_m2')}
+                plt_model_meta(t).visual_cls is not None, plt_model_meta(t).bridge_cls.__name__)
+            for t in ('qwen3_next', 'qwen3_5', 'olmoe', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe')}
 
 
 def test_hybrid_plt_metas_wrap_the_verified_loader():
+    """Each own-type family's PLT meta wraps its verified loader and keeps its bridge (hy_v3, bailing_moe: the `gpt`
+    loader, their own bridges)."""
     (metas, ) = spawn(_plt_hybrid_metas, 1)
-    assert metas == {'qwen3_next': ('qwen3_next_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', False),
-                     'qwen3_5': ('qwen3_5_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', True),
-                     'olmoe': ('olmoe_plt', 'mcore_bridge.model.gpts.olmoe', False),
-                     'glm4': ('glm4_plt', 'mcore_bridge.model.gpts.glm4', False),
-                     'minimax_m2': ('minimax_m2_plt', 'mcore_bridge.model.gpts.minimax_m2', False)}
+    assert metas == {'qwen3_next': ('qwen3_next_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', False,
+                                    'Qwen3NextGDNBridge'),
+                     'qwen3_5': ('qwen3_5_plt', 'mcore_bridge.model.gpts.qwen3_next_gdn', True, 'Qwen3_5Bridge'),
+                     'olmoe': ('olmoe_plt', 'mcore_bridge.model.gpts.olmoe', False, 'OLMoEBridge'),
+                     'glm4': ('glm4_plt', 'mcore_bridge.model.gpts.glm4', False, 'Glm4Bridge'),
+                     'minimax_m2': ('minimax_m2_plt', 'mcore_bridge.model.gpts.minimax_m2', False, 'MinimaxM2Bridge'),
+                     'hy_v3': ('hy_v3_plt', 'mcore_bridge.model.register', False, 'HyV3Bridge'),
+                     'bailing_moe': ('bailing_moe_plt', 'mcore_bridge.model.register', False, 'BailingMoeBridge')}
 
 
 def test_guard_fails_when_a_family_moves():

@@ -10,8 +10,8 @@ import torch
 from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch
 from swift_plt.tools.tiny_families import make_tiny_family
 
-FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'glm4', 'minimax_m2', 'qwen3_next',
-            'qwen3_5',
+FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'glm4', 'minimax_m2', 'hy_v3',
+            'qwen3_next', 'qwen3_5',
             'qwen3_5_moe']
 
 

@@ -198,6 +198,13 @@ def _longrope(**kw):
     return dict(model_type='llama', max_position_embeddings=512, **kw)
 
 
+# Hunyuan-V3's published config.json keys that mcore-bridge reads (tencent/Hy3)
+HY_V3_PUBLISHED = dict(model_type='hy_v3', qk_norm=True, moe_router_use_sigmoid=True,
+                       moe_router_enable_expert_bias=True, route_norm=True, first_k_dense_replace=1,
+                       num_experts_per_tok=8)
+# Ling-mini-2.0's published config.json keys that bear on these (inclusionAI/Ling-mini-2.0)
+LING_PUBLISHED = dict(model_type='bailing_moe', num_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8,
+                      use_qkv_bias=False, use_bias=False, use_qk_norm=True, score_function='sigmoid')
 LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor=[2.0] * 8,
                        original_max_position_embeddings=16)
 
@@ -224,8 +231,15 @@ MINIMAX_M2 = dict(model_type='minimax_m2', use_qk_norm=True, scoring_func='sigmo
           layer_types=['sliding_attention'] * 2), 'transformers within 8 tokens'),
     (dict(MINIMAX_M2, use_qk_norm=False), 'Megatron builds no QK-norm'),
     (dict(MINIMAX_M2, scoring_func=None), 'scoring_func=None: Megatron routes by softmax without the expert bias'),
+    (dict(HY_V3_PUBLISHED, qk_norm=None), 'Megatron builds no QK-norm'),
+    ({k: v for k, v in HY_V3_PUBLISHED.items() if not k.startswith('moe_router_')}, 'Megatron routes by softmax'),
+    (dict(LING_PUBLISHED, num_experts_per_tok=4, topk_group=1, n_group=2), 'top-4 expert scores, Ling\'s own code by '
+     'its top-2'),
+    (dict(LING_PUBLISHED, use_qkv_bias=True), 'Megatron builds the QKV projection without it'),
+    (dict(LING_PUBLISHED, use_bias=True), 'the output projection none'),
 ], ids=['longrope', 'longrope-v4-key', 'v3-softmax', 'glm4_moe-no-norm', 'v3-groups-top-1', 'v2-norm', 'qwen2-window',
-        'qwen3_moe-window', 'minimax_m2-no-qk-norm', 'minimax_m2-no-scoring-func'])
+        'qwen3_moe-window', 'minimax_m2-no-qk-norm', 'minimax_m2-no-scoring-func', 'hy_v3-no-qk-norm',
+        'hy_v3-no-router-keys', 'ling-groups-top-4', 'ling-qkv-bias', 'ling-bias'])
 def test_warning_for_matrix_differences(config, needle):
     (line, ) = upstream_difference_warnings(config)
     assert needle in line and '\n' not in line and 'upstream difference, not PLT' in line
@@ -246,7 +260,12 @@ def test_warning_for_matrix_differences(config, needle):
     dict(model_type='qwen2', use_sliding_window=True, sliding_window=32768, max_window_layers=28, num_hidden_layers=28),
     dict(model_type='qwen2_moe', use_sliding_window=True, sliding_window=0, num_hidden_layers=2),  # 0: no window
     MINIMAX_M2,
+    HY_V3_PUBLISHED,
+    dict(HY_V3_PUBLISHED, moe_router_use_sigmoid=None),  # softmax with the expert bias: megatron-core refuses it
+    LING_PUBLISHED,
+    dict(LING_PUBLISHED, n_group=2, topk_group=1, num_experts_per_tok=2),  # the tiny family's: top-2 of one group
 ], ids=['longrope-top-level', 'longrope-no-gap', 'yarn', 'dots1-softmax', 'v3-published', 'qwen3_moe-no-norm',
-        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0', 'minimax_m2-published'])
+        'v2-lite', 'qwen2.5-off', 'qwen2-no-sliding-layer', 'qwen2_moe-window-0', 'minimax_m2-published',
+        'hy_v3-published', 'hy_v3-bias-only', 'ling-published', 'ling-tiny'])
 def test_no_warning_for_matrix_values_that_agree(config):
     assert upstream_difference_warnings(config) == []

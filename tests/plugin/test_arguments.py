@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from swift_plt import PLT_MODEL_TYPE
+from swift_plt.models import families
 from swift_plt.plugin.arguments import resolve_patch_size, resolve_patch_size_hf
 
 
@@ -54,8 +55,6 @@ def test_unsupported_models_are_refused_at_k_gt_1(kw, message):
 
 # each further language-model type of mcore-bridge 1.6.5 -> what its refusal names (Megatron and HF side alike)
 MCORE_REFUSED_MESSAGES = {
-    'hy_v3': r'Hunyuan-V3: mcore-bridge builds it with its own bridge',
-    'bailing_moe': r'Ling/Ring 2.0 \(BailingMoeV2\): .*transformers has no class for it',
     'bailing_hybrid': r'lightning linear attention .* Needed: the recurrence restarted per document over patches',
     'nemotron_h': r'Mamba-2 hybrid .*megatron-core 0.16.1 does not have .* Needed: ',
     'deepseek_v4': r'DeepSeek-V4: its compressed sparse attention .*indexer \(CSAIndexer\)',
@@ -96,20 +95,26 @@ def test_gpt_families_train_at_k_gt_1_through_the_plt_model_meta(model_type, mon
     assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
 
 
-@pytest.mark.parametrize('model_type', ['olmoe', 'glm4', 'minimax_m2'])
-def test_own_mcore_types_train_at_k_gt_1_through_their_plt_type(model_type, monkeypatch):
-    """OLMoE, GLM-4-0414 and MiniMax-M2, built by mcore-bridge's own types of those names, get `<type>_plt` (its
-    loader with PLT's model classes); no hybrid refusal applies (context parallel is accepted); K=1 keeps upstream's
-    meta object."""
+@pytest.mark.parametrize('model_type', ['olmoe', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe'])
+def test_own_type_families_train_at_k_gt_1_through_their_plt_meta(model_type, monkeypatch):
+    """The families mcore-bridge builds with their own type (OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0) get
+    `<type>_plt` (their loader and bridge with PLT's model classes); no hybrid refusal applies (context parallel is
+    accepted); K=1 keeps upstream's meta object."""
     import swift_plt.plugin.register as register
     monkeypatch.setattr(register, 'plt_model_meta', lambda t: SimpleNamespace(model_type=t + '_plt'))
-    meta = SimpleNamespace(model_type=model_type)
-    args = make_args(patch_size=4, model_type=model_type, megatron_model_meta=meta, context_parallel_size=2,
-                     cp_partition_mode='zigzag')
+    args = make_args(patch_size=4, model_type=model_type, megatron_model_meta=SimpleNamespace(model_type=model_type),
+                     context_parallel_size=2, cp_partition_mode='zigzag')
     assert resolve_patch_size(args) == 4 and args.megatron_model_meta.model_type == model_type + '_plt'
-    args = make_args(patch_size=1, model_type=model_type, megatron_model_meta=meta)
-    assert resolve_patch_size(args) == 1 and args.megatron_model_meta is meta
-    assert resolve_patch_size_hf(make_hf_args(patch_size=4, model_type=model_type), 'train') == 4  # HF side
+    args = make_args(patch_size=1, model_type=model_type, megatron_model_meta=SimpleNamespace(model_type=model_type))
+    upstream = args.megatron_model_meta
+    assert resolve_patch_size(args) == 1 and args.megatron_model_meta is upstream
+    if model_type in families.HF_SIDE_REFUSED:  # HF side: no transformers class to wrap
+        with pytest.raises(ValueError, match=r'--patch_size 4: `bailing_moe` on the HF backend: transformers has no '
+                                             r'class for Ling/Ring 2.0 .*megatron pt/sft'):
+            resolve_patch_size_hf(make_hf_args(patch_size=4, model_type=model_type), 'train')
+        assert resolve_patch_size_hf(make_hf_args(patch_size=1, model_type=model_type), 'train') == 1
+    else:
+        assert resolve_patch_size_hf(make_hf_args(patch_size=4, model_type=model_type), 'train') == 4  # HF side
 
 
 def hybrid_args(model_type, **kw):
