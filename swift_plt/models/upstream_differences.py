@@ -225,6 +225,18 @@ def _scoring_warnings(config, model_type) -> List[str]:
             + SCORING_SIZE.format(size='0.1-0.7') + TAIL]
 
 
+def _group_score_warnings(config, head, reference, size) -> List[str]:
+    """Group-limited routing: megatron-core scores a group by the sum of its top ``num_experts_per_tok // topk_group``
+    expert scores; ``reference`` (transformers' noaux_tc, Ling's code) by its top 2."""
+    limit = _group_limit(config)
+    if limit is None or limit[2] // limit[1] == 2:
+        return []
+    n_group, topk_group, topk = limit
+    return [head + f'n_group {n_group}, topk_group {topk_group}, num_experts_per_tok {topk}: Megatron keeps a '
+            f'token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} expert scores, '
+            f'{reference}; ' + size + TAIL]
+
+
 def _noaux_tc_warnings(config, model_type) -> List[str]:
     """Sigmoid routing (transformers' noaux_tc router): megatron-core renormalises the top-k weights whatever
     norm_topk_prob says (``moe_utils.topk_routing_with_score_function``), and scores a group by the sum of its top
@@ -232,36 +244,12 @@ def _noaux_tc_warnings(config, model_type) -> List[str]:
     if model_type not in NOAUX_TC or _get(config, 'scoring_func') not in (None, 'sigmoid'):
         return []
     out, head = [], f'[swift-plt] {model_type}: config.json '
-    limit = _group_limit(config)
-    if limit is not None and limit[2] // limit[1] != 2:
-        n_group, topk_group, topk = limit
-        out.append(head + f'n_group {n_group}, topk_group {topk_group}, num_experts_per_tok {topk}: Megatron keeps a '
-                   f'token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} expert scores, '
-                   'transformers by its top-2 (noaux_tc); ' + NOAUX_GROUP_SIZE.format(size='0.42') + TAIL)
+    out += _group_score_warnings(config, head, 'transformers by its top-2 (noaux_tc)',
+                                 NOAUX_GROUP_SIZE.format(size='0.42'))
     topk = _get(config, 'num_experts_per_tok')
     if _get(config, 'norm_topk_prob') is False and topk and topk > 1:
         out.append(head + 'norm_topk_prob=false with sigmoid routing: Megatron renormalises the top-k expert weights '
                    'anyway, transformers does not; ' + SIGMOID_NORM_SIZE.format(size='6e-2') + TAIL)
-    return out
-
-
-def _minimax_m2_warnings(config, model_type) -> List[str]:
-    """MiniMax-M2: transformers always applies QK-norm and sigmoid routing; Megatron only where config.json says so."""
-    if model_type != 'minimax_m2':
-        return []
-    out, head = [], f'[swift-plt] {model_type}: config.json '
-    # the fields mcore-bridge's parser reads, in its order (config_mapping: qk_layernorm, moe_router_score_function)
-    qk_norm = next((v for v in (_get(config, 'use_qk_norm'), _get(config, 'qk_norm')) if v is not None), None)
-    if not qk_norm:
-        out.append(head + f'use_qk_norm={qk_norm}: Megatron builds no QK-norm (mcore-bridge reads use_qk_norm), '
-                   'transformers\' MiniMaxM2 always applies q_norm and k_norm; ' + MINIMAX_QK_SIZE + TAIL)
-    scoring = _get(config, 'scoring_func')
-    if scoring is None:
-        scoring = 'sigmoid' if _get(config, 'moe_router_use_sigmoid') else _get(config, 'score_function')
-    if scoring != 'sigmoid':
-        out.append(head + f'scoring_func={scoring}: Megatron routes by {scoring or "softmax"} without the expert '
-                   'bias, transformers\' MiniMaxM2 by sigmoid with e_score_correction_bias whatever the field says; '
-                   + MINIMAX_SCORING_SIZE + TAIL)
     return out
 
 
@@ -275,12 +263,34 @@ def _megatron_score_function(config) -> str:
     return _get(config, 'score_function') or 'softmax'
 
 
+def _megatron_qk_norm(config) -> bool:
+    """Whether mcore-bridge builds QK-norm from config.json (``parser._convert_config``: the first of ``use_qk_norm``,
+    ``qk_norm`` that is set)."""
+    return bool(next((v for v in (_get(config, 'use_qk_norm'), _get(config, 'qk_norm')) if v is not None), False))
+
+
+def _minimax_m2_warnings(config, model_type) -> List[str]:
+    """MiniMax-M2: transformers always applies QK-norm and sigmoid routing; Megatron only where config.json says so."""
+    if model_type != 'minimax_m2':
+        return []
+    out, head = [], f'[swift-plt] {model_type}: config.json '
+    if not _megatron_qk_norm(config):
+        out.append(head + f'use_qk_norm={_get(config, "use_qk_norm")}: Megatron builds no QK-norm (mcore-bridge reads '
+                   'use_qk_norm), transformers\' MiniMaxM2 always applies q_norm and k_norm; ' + MINIMAX_QK_SIZE + TAIL)
+    scoring = _megatron_score_function(config)
+    if scoring != 'sigmoid':
+        out.append(head + f'scoring_func={_get(config, "scoring_func")}: Megatron routes by {scoring} without the '
+                   'expert bias, transformers\' MiniMaxM2 by sigmoid with e_score_correction_bias whatever the field '
+                   'says; ' + MINIMAX_SCORING_SIZE + TAIL)
+    return out
+
+
 def _hy_v3_warnings(config, model_type) -> List[str]:
     """Hunyuan-V3 config.json without the keys that make mcore-bridge build transformers' HYV3 (module docstring)."""
     if model_type != 'hy_v3':
         return []
     out, head = [], f'[swift-plt] {model_type}: config.json '
-    if not (_get(config, 'qk_norm') or _get(config, 'use_qk_norm')):
+    if not _megatron_qk_norm(config):
         out.append(head + 'has no qk_norm=true: Megatron builds no QK-norm (the checkpoint\'s q_norm / k_norm are not '
                    'loaded), transformers\' HYV3 always normalises q and k per head; ' + HY_V3_QK_SIZE + TAIL)
     if _megatron_score_function(config) != 'sigmoid' and not _get(config, 'moe_router_enable_expert_bias'):
@@ -295,12 +305,7 @@ def _bailing_warnings(config, model_type) -> List[str]:
     if model_type != 'bailing_moe':
         return []
     out, head = [], f'[swift-plt] {model_type}: config.json '
-    limit = _group_limit(config)
-    if limit is not None and limit[2] // limit[1] != 2:
-        n_group, topk_group, topk = limit
-        out.append(head + f'n_group {n_group}, topk_group {topk_group}, num_experts_per_tok {topk}: Megatron keeps a '
-                   f'token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} expert scores, '
-                   'Ling\'s own code by its top-2; ' + BAILING_GROUP_SIZE + TAIL)
+    out += _group_score_warnings(config, head, 'Ling\'s own code by its top-2', BAILING_GROUP_SIZE)
     if _get(config, 'use_qkv_bias'):
         out.append(head + 'use_qkv_bias=true: Megatron builds the QKV projection without it (mcore-bridge reads '
                    'use_bias for that bias), the checkpoint\'s own code adds it; '
