@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
 """Random-init HF model dirs with the published config.json of the families transformers builds without remote code
-(layers / experts cut to fit one 80 GB GPU), for parity.py and the family throughput benchmark. Nothing is
-downloaded; the tokenizer is the tiny BPE one.
+and of Ling 2.0 (layers / experts cut to fit one 80 GB GPU), for parity.py and the family throughput benchmark.
+Nothing is downloaded; the tokenizer is the tiny BPE one.
 
-    python3 tests/gpu/make_family_configs.py --out DIR [--only NAME,...|default|more|all] [--device cuda]
+    python3 tests/gpu/make_family_configs.py --out DIR [--only NAME,...|default|more|hybrid|new|all] [--device cuda]
                                              [--estimate] [--tiny] [--list]
 
 Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for each NAME and
 prints parameters and bytes per model. Groups: `default` (DEFAULT: qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut,
 deepseek-v3-cut), `more` (MORE: the other `gpt` families), `hybrid` (HYBRID: the Gated-DeltaNet hybrids Qwen3-Next and
-Qwen3.5 dense / MoE), `all`. config.json is the published one with only the cut fields changed (so mcore-bridge and
-transformers read what a hub download gives them); each entry says which model it is and where its values come from.
-Qwen3.5 checkpoints are multimodal (text_config + vision_config, written as Qwen3_5[Moe]ForConditionalGeneration, the
-class named in `architectures`): their cut applies to text_config, and the vision tower is cut to one small block.
-Kimi-K2 (config.json model_type kimi_k2, remote code) is written as its DeepSeek-V3 architecture (model_type
-deepseek_v3). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm
-weights and the routers' e_score_correction_bias made random too (1 + N(0, 0.1) for norms), so a mis-mapped bias or
-norm changes the logits; ERNIE-4.5-MoE's stays 0 (NO_ROUTER_BIAS). --tiny: the same structures at toy widths (CPU
-tests). --estimate: print the sizes only (meta device, no weights).
+Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0: supported at K > 1 on
+CPU proofs, their GPU parity pending), `all`. config.json is the published one with only the cut fields changed (so
+mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and where its
+values come from. Qwen3.5 checkpoints are multimodal (text_config + vision_config, written as
+Qwen3_5[Moe]ForConditionalGeneration, the class named in `architectures`): their cut applies to text_config, and the
+vision tower is cut to one small block. Kimi-K2 (config.json model_type kimi_k2, remote code) is written as its
+DeepSeek-V3 architecture (model_type deepseek_v3). Ling 2.0 (bailing_moe: remote code only) is built from
+tests/harness/bailing_moe.py, its published modeling code written out (HAND_WRITTEN). Weights: HF's init
+(normal(0, initializer_range)), then biases, RMSNorm weights, the routers' expert bias and GPT-OSS's sinks made random
+too (1 + N(0, 0.1) for norms), so a mis-mapped bias or norm changes the logits; ERNIE-4.5-MoE's stays 0
+(NO_ROUTER_BIAS). --tiny: the same structures at toy widths (CPU tests). --estimate: print the sizes only (meta
+device, no weights).
 """
 import argparse
 import copy
@@ -193,6 +196,93 @@ LLAMA32_1B = {
     'vocab_size': 128256,
 }  # yapf: disable
 
+# --- the families supported at K > 1 on CPU proofs, their GPU parity pending (group `new`) ---
+# openai/gpt-oss-20b (gpt_oss: sliding-window attention, 128 tokens, in every other layer; learned attention sinks;
+# biases in attention, router and experts; clamped SwiGLU experts, softmax over the top-4 router logits; YaRN).
+# Values: public copies of its config.json (and gpt-oss-120b's, which differs in layers and experts only).
+GPT_OSS_20B = {
+    'architectures': ['GptOssForCausalLM'], 'attention_bias': True, 'attention_dropout': 0.0, 'eos_token_id': 200002,
+    'experts_per_token': 4, 'head_dim': 64, 'hidden_act': 'silu', 'hidden_size': 2880,
+    'initial_context_length': 4096, 'initializer_range': 0.02, 'intermediate_size': 2880,
+    'layer_types': ['sliding_attention', 'full_attention'] * 12, 'max_position_embeddings': 131072,
+    'model_type': 'gpt_oss', 'num_attention_heads': 64, 'num_experts_per_tok': 4, 'num_hidden_layers': 24,
+    'num_key_value_heads': 8, 'num_local_experts': 32, 'output_router_logits': False, 'pad_token_id': 199999,
+    'rms_norm_eps': 1e-05,
+    'rope_scaling': {'beta_fast': 32.0, 'beta_slow': 1.0, 'factor': 32.0, 'original_max_position_embeddings': 4096,
+                     'rope_type': 'yarn', 'truncate': False},
+    'rope_theta': 150000, 'router_aux_loss_coef': 0.9, 'sliding_window': 128, 'swiglu_limit': 7.0,
+    'tie_word_embeddings': False, 'torch_dtype': 'bfloat16', 'use_cache': True, 'vocab_size': 201088,
+}  # yapf: disable
+# allenai/OLMoE-1B-7B-0924 (olmoe: QK-norm over all heads' channels, softmax top-8 of 64 not renormalised, no shared
+# expert, MoE in every layer). Values: public copies of its config.json.
+OLMOE_1B_7B = {
+    'architectures': ['OlmoeForCausalLM'], 'attention_bias': False, 'attention_dropout': 0.0, 'clip_qkv': None,
+    'eos_token_id': 50279, 'hidden_act': 'silu', 'hidden_size': 2048, 'initializer_range': 0.02,
+    'intermediate_size': 1024, 'max_position_embeddings': 4096, 'model_type': 'olmoe', 'norm_topk_prob': False,
+    'num_attention_heads': 16, 'num_experts': 64, 'num_experts_per_tok': 8, 'num_hidden_layers': 16,
+    'num_key_value_heads': 16, 'output_router_logits': False, 'pad_token_id': 1, 'rms_norm_eps': 1e-05,
+    'rope_scaling': None, 'rope_theta': 10000.0, 'router_aux_loss_coef': 0.01, 'tie_word_embeddings': False,
+    'torch_dtype': 'bfloat16', 'use_cache': True, 'vocab_size': 50304,
+}  # yapf: disable
+# THUDM/GLM-4-9B-0414 (glm4: RMSNorms after attention and after the MLP, interleaved rotary over half of head_dim,
+# qkv bias, 32 heads over 2 kv heads, fused gate_up_proj). Values: its config.json as public copies and transformers'
+# Glm4Config give it (hidden / layers / heads / FFN / vocab; max_position_embeddings 32768, the 0414 context).
+GLM4_9B_0414 = {
+    'architectures': ['Glm4ForCausalLM'], 'attention_bias': True, 'attention_dropout': 0.0,
+    'eos_token_id': [151329, 151336, 151338], 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 4096,
+    'initializer_range': 0.02, 'intermediate_size': 13696, 'max_position_embeddings': 32768, 'model_type': 'glm4',
+    'num_attention_heads': 32, 'num_hidden_layers': 40, 'num_key_value_heads': 2, 'pad_token_id': 151329,
+    'partial_rotary_factor': 0.5, 'rms_norm_eps': 1e-05, 'rope_theta': 10000.0, 'tie_word_embeddings': False,
+    'torch_dtype': 'bfloat16', 'use_cache': True, 'vocab_size': 151552,
+}  # yapf: disable
+# MiniMaxAI/MiniMax-M2 (minimax_m2: QK-norm over all heads' channels, partial rotary (rotary_dim 64 of 128), 48
+# heads over 8 kv heads, sigmoid routing with an expert bias, top-8 of 256 renormalised, no shared expert, MoE in
+# every layer). Values: public copies of its config.json (the M2 / M2.5 line shares these fields; auto_map dropped:
+# transformers has the class).
+MINIMAX_M2 = {
+    'architectures': ['MiniMaxM2ForCausalLM'], 'attn_type_list': [1] * 62, 'head_dim': 128, 'hidden_act': 'silu',
+    'hidden_size': 3072, 'intermediate_size': 1536, 'max_position_embeddings': 196608, 'model_type': 'minimax_m2',
+    'mtp_transformer_layers': 1, 'num_attention_heads': 48, 'num_experts_per_tok': 8, 'num_hidden_layers': 62,
+    'num_key_value_heads': 8, 'num_local_experts': 256, 'num_mtp_modules': 3, 'qk_norm_type': 'per_layer',
+    'rms_norm_eps': 1e-06, 'rope_theta': 5000000, 'rotary_dim': 64, 'scoring_func': 'sigmoid',
+    'shared_intermediate_size': 0, 'tie_word_embeddings': False, 'torch_dtype': 'bfloat16', 'use_cache': True,
+    'use_mtp': True, 'use_qk_norm': True, 'use_routing_bias': True, 'vocab_size': 200064,
+}  # yapf: disable
+# tencent/Hy3-preview (hy_v3, Hunyuan-V3: per-head QK-norm, sigmoid routing with expert bias, top-8 of 192
+# renormalised and scaled by 2.826, one shared expert, a dense first layer; 1 MTP layer). Values: public copies of its
+# config.json (the fields transformers' HYV3Config, whose defaults are this checkpoint, and mcore-bridge read).
+HY3_PREVIEW = {
+    'architectures': ['HYV3ForCausalLM'], 'enable_attention_fp32_softmax': False, 'enable_lm_head_fp32': True,
+    'enable_moe_fp32_combine': False, 'expert_hidden_dim': 1536, 'first_k_dense_replace': 1, 'head_dim': 128,
+    'hidden_act': 'silu', 'hidden_size': 4096, 'initializer_range': 0.006, 'intermediate_size': 13312,
+    'max_position_embeddings': 262144, 'model_type': 'hy_v3', 'moe_intermediate_size': 1536,
+    'moe_router_enable_expert_bias': True, 'moe_router_use_sigmoid': True, 'num_attention_heads': 64,
+    'num_experts': 192, 'num_experts_per_tok': 8, 'num_hidden_layers': 80, 'num_key_value_heads': 8,
+    'num_nextn_predict_layers': 1, 'num_shared_experts': 1, 'output_router_logits': True, 'qk_norm': True,
+    'rms_norm_eps': 1e-05, 'rope_parameters': {'rope_theta': 11158840.0, 'rope_type': 'default'}, 'route_norm': True,
+    'router_scaling_factor': 2.826, 'tie_word_embeddings': False, 'torch_dtype': 'bfloat16', 'use_cache': True,
+    'vocab_size': 120832,
+}  # yapf: disable
+# inclusionAI/Ling-mini-2.0 (bailing_moe, Ling 2.0: fused QKV, per-head QK-norm, partial rotary 0.5, sigmoid routing
+# with expert bias, top-8 of 256 within 4 of 8 groups, renormalised and scaled by 2.5, one shared expert, a dense
+# first layer). transformers has no class: built and run as tests/harness/bailing_moe.py writes its published modeling
+# code. Values: the config.json keys inclusionAI/Ling-V2 writes (tools/convert_dcp_to_safetensors.py) with the values
+# of its BailingMoeV2Config defaults (this checkpoint; 16.3 B parameters) and the model card.
+LING_MINI_20 = {
+    'architectures': ['BailingMoeV2ForCausalLM'], 'attention_dropout': 0.0, 'embedding_dropout': 0.0,
+    'eos_token_id': 156892, 'first_k_dense_replace': 1, 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 2048,
+    'initializer_range': 0.02, 'intermediate_size': 5120, 'max_position_embeddings': 32768,
+    'model_type': 'bailing_moe', 'moe_intermediate_size': 512, 'moe_router_enable_expert_bias': True,
+    'moe_shared_expert_intermediate_size': 512, 'n_group': 8, 'norm_topk_prob': True, 'num_attention_heads': 16,
+    'num_experts': 256, 'num_experts_per_tok': 8, 'num_hidden_layers': 20, 'num_key_value_heads': 4,
+    'num_shared_experts': 1, 'output_dropout': 0.0, 'pad_token_id': 156892, 'partial_rotary_factor': 0.5,
+    'rms_norm_eps': 1e-06, 'rope_scaling': None, 'rope_theta': 600000.0, 'routed_scaling_factor': 2.5,
+    'router_dtype': 'fp32', 'score_function': 'sigmoid', 'tie_word_embeddings': False, 'topk_group': 4,
+    'torch_dtype': 'bfloat16', 'use_bias': False, 'use_cache': True, 'use_qk_norm': True, 'use_qkv_bias': False,
+    'use_rmsnorm': True, 'vocab_size': 157184,
+}  # yapf: disable
+
+
 def hybrid_layer_types(n, interval=4):
     """`layer_types` of a Gated-DeltaNet hybrid: every interval-th layer full attention, the others linear."""
     return ['full_attention' if (i + 1) % interval == 0 else 'linear_attention' for i in range(n)]
@@ -351,12 +441,48 @@ FAMILIES = {
                                                  vision_config=VISION_CUT), dict(
         text_config=dict(HYBRID_TOY, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
                          num_experts_per_tok=2), vision_config=VISION_TOY, **TINY_MEDIA_IDS)),
+    # --- the families of CPU proofs only (group `new`; GPT-OSS built as `gpt_plt`, the others as mcore-bridge's own
+    # `<type>_plt`) ---
+    # 4 of 24 layers (2 sliding-window + 2 full attention), all 32 experts (top-4): 4.4 B. The toy window of 8 tokens
+    # is 2 patches at K=4, shorter than the dry run's 64-token rows (the published 128 is 32 patches of 64)
+    'gpt-oss-20b-cut': (GPT_OSS_20B, dict(num_hidden_layers=4, layer_types=['sliding_attention', 'full_attention'] * 2),
+                        dict(hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                             layer_types=['sliding_attention', 'full_attention'], num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+                             experts_per_token=2, sliding_window=8, vocab_size=512, pad_token_id=0, **TINY_IDS)),
+    # 4 of 16 layers, all 64 experts (top-8): 1.9 B
+    'olmoe-1b-7b-cut': (OLMOE_1B_7B, dict(num_hidden_layers=4), dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        num_experts=8, num_experts_per_tok=2, vocab_size=512, **TINY_IDS)),
+    # 4 of 40 layers: 2.1 B (1.2 B of it the embedding and LM head)
+    'glm-4-9b-0414-cut': (GLM4_9B_0414, dict(num_hidden_layers=4), dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=512, pad_token_id=0, **TINY_IDS)),
+    # 3 of 62 layers (all MoE), 64 of 256 experts (top-8): 4.0 B
+    'minimax-m2-cut': (MINIMAX_M2, dict(num_hidden_layers=3, attn_type_list=[1] * 3, num_local_experts=64), dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, attn_type_list=[1] * 2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rotary_dim=16, num_local_experts=8, num_experts_per_tok=2,
+        vocab_size=512, **TINY_IDS)),
+    # 3 of 80 layers (1 dense, then 2 MoE), 64 of 192 experts (top-8, the shared expert), no MTP layer: 3.8 B
+    'hy3-preview-cut': (HY3_PREVIEW, dict(num_hidden_layers=3, num_experts=64, num_nextn_predict_layers=0), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, expert_hidden_dim=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        vocab_size=512, **TINY_IDS)),
+    # 4 of 20 layers (1 dense, then 3 MoE), all 256 experts (top-8 within 4 of 8 groups, the shared expert): 3.1 B
+    'ling-mini-2.0-cut': (LING_MINI_20, dict(num_hidden_layers=4), dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, vocab_size=512, pad_token_id=0, **TINY_IDS)),
 }  # yapf: disable
 NAMES = list(FAMILIES)
 DEFAULT = NAMES[:4]  # families.sh's default run (one H100, ~6 min)
 HYBRID = [n for n in NAMES if FAMILIES[n][0]['model_type'] in ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')]
-MORE = [n for n in NAMES[4:] if n not in HYBRID]  # the other `gpt` families (FAMILIES=more)
-GROUPS = dict(default=DEFAULT, more=MORE, hybrid=HYBRID, all=NAMES)
+NEW = [n for n in NAMES if FAMILIES[n][0]['model_type'] in ('gpt_oss', 'olmoe', 'glm4', 'minimax_m2', 'hy_v3',
+                                                             'bailing_moe')]
+MORE = [n for n in NAMES[4:] if n not in HYBRID + NEW]  # the other `gpt` families (FAMILIES=more)
+GROUPS = dict(default=DEFAULT, more=MORE, hybrid=HYBRID, new=NEW, all=NAMES)
+# model types transformers has no class for -> the tests/harness module that writes out their published modeling code
+HAND_WRITTEN = {'bailing_moe': 'bailing_moe'}
 MULTIMODAL_KEYS = ('text_config', 'vision_config')  # a cut or toy entry of these updates that sub-config
 # ERNIE-4.5-MoE routes by softmax scores plus moe_statics.e_score_correction_bias; megatron-core 0.16.1 adds an expert
 # bias to sigmoid scores only and mcore-bridge 1.6.5 does not load this one, so the stock Megatron model routes
@@ -392,10 +518,28 @@ def text_config(cfg):
     return cfg.get('text_config') or cfg
 
 
+def harness_module(name):
+    """tests/harness/NAME.py, imported as plain code (nothing of the CPU harness is installed)."""
+    import importlib
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if tests not in sys.path:
+        sys.path.append(tests)  # appended: never shadows anything installed
+    return importlib.import_module(f'harness.{name}')
+
+
+def hand_written(model_type):
+    """tests/harness's module of a model type transformers has no class for (HAND_WRITTEN), else None."""
+    return harness_module(HAND_WRITTEN[model_type]) if model_type in HAND_WRITTEN else None
+
+
 def model_class(cfg):
     """The HF class a checkpoint of cfg is: the multimodal one named in `architectures` (transformers'
-    AutoModelForCausalLM would pick the text-only class for Qwen3.5), else AutoModelForCausalLM."""
+    AutoModelForCausalLM would pick the text-only class for Qwen3.5), the hand-written one (HAND_WRITTEN), else
+    AutoModelForCausalLM."""
     import transformers
+    module = hand_written(cfg['model_type'])
+    if module:
+        return getattr(module, cfg['architectures'][0])
     if 'text_config' in cfg:
         return getattr(transformers, cfg['architectures'][0])
     return transformers.AutoModelForCausalLM
@@ -404,6 +548,10 @@ def model_class(cfg):
 def build_model(cfg, dtype=None):
     """HF's random init of cfg's model (on the current default device), in dtype."""
     cls = model_class(cfg)
+    if hand_written(cfg['model_type']):
+        model = cls(cfg)
+        model.init_weights()
+        return model if dtype is None else model.to(dtype)
     make = cls.from_config if hasattr(cls, 'from_config') else cls._from_config
     if dtype is None:
         return make(hf_config(cfg))
@@ -413,10 +561,12 @@ def build_model(cfg, dtype=None):
         return make(hf_config(cfg), torch_dtype=dtype)
 
 
-def in_transformers(name):
-    """Whether the installed transformers has NAME's model type (transformers 4.57 has no glm4_moe_lite)."""
+def buildable(name):
+    """Whether this environment builds NAME's model: the installed transformers has its model type (transformers
+    4.57 has no glm4_moe_lite), or it is HAND_WRITTEN."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    return FAMILIES[name][0]['model_type'] in CONFIG_MAPPING_NAMES
+    model_type = FAMILIES[name][0]['model_type']
+    return model_type in CONFIG_MAPPING_NAMES or model_type in HAND_WRITTEN
 
 
 def hf_config(cfg):
@@ -464,15 +614,17 @@ def make_tokenizer(out_dir):
 
 
 def randomize(model, seed):
-    """Biases N(0, 0.02), RMSNorm weights 1 + N(0, 0.1), e_score_correction_bias N(0, 0.01) (but NO_ROUTER_BIAS):
-    HF leaves them 0 / 1, which would hide a bias or norm the bridge drops or swaps."""
+    """Biases (GPT-OSS's expert biases too) N(0, 0.02), RMSNorm weights 1 + N(0, 0.1), the routers' expert bias
+    (e_score_correction_bias, Ling 2.0's expert_bias; but NO_ROUTER_BIAS) N(0, 0.01), GPT-OSS's attention sinks N(0, 1)
+    (of order 1: a visible share of each softmax): HF leaves them 0 / 1 / N(0, initializer_range), which would hide a
+    bias, norm or sink the bridge drops or swaps."""
     import torch
     g = torch.Generator(device='cpu').manual_seed(seed + 1)
     with torch.no_grad():
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             if 'rotary' in name or 'inv_freq' in name:
                 continue
-            if name.endswith('e_score_correction_bias'):  # fp32 in the published checkpoint
+            if name.endswith(('e_score_correction_bias', '.expert_bias')):  # fp32, as the routers score
                 if model.config.model_type in NO_ROUTER_BIAS:
                     continue
                 std, base = 0.01, 0.0
@@ -483,8 +635,10 @@ def randomize(model, seed):
                     owner.register_parameter(attr, torch.nn.Parameter(t, requires_grad=False))
                 else:
                     owner.register_buffer(attr, t)
-            elif name.endswith('.bias'):
+            elif name.endswith(('.bias', '_proj_bias')):
                 std, base = 0.02, 0.0
+            elif name.endswith('.sinks'):
+                std, base = 1.0, 0.0
             elif t.dim() == 1 and 'norm' in name:
                 std, base = 0.1, 1.0
             else:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PLT parity, one process, one GPU: the Megatron PLT model (built through ms-swift + mcore-bridge, TE layers, HF
 weights loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on the family's own HF causal LM
-(AutoModelForCausalLM; a multimodal checkpoint's class from `architectures`), for any family of
+(AutoModelForCausalLM; a multimodal checkpoint's class from `architectures`; Ling 2.0, which transformers has no
+class for: tests/harness/bailing_moe.py, its published modeling code written out), for any family of
 swift_plt/models/families.py.
 
     python3 tests/gpu/parity.py --model DIR [--model DIR2 ...] --data train.jsonl [--json OUT.json]
@@ -25,16 +26,19 @@ smallest vocab):
      (inputs_embeds, text position ids), the token-level pass the same on the token embeddings; random ids stay
      below its media token ids. The hybrids' Gated DeltaNet layers run what transformers picks (fla's Triton
      kernels when flash-linear-attention is installed); an fp64 pass those kernels refuse is reported and skipped.
-     Each pass times its first PatchTrain forward and the same forward repeated (`timing` lines: the first one
-     compiles the Triton kernels of a cold cache).
+     A sliding window of W tokens (GPT-OSS) is ceil(W / K) patches in the PatchTrain pass (the HF model loaded with
+     that sliding_window, tests/harness/plt_cases.patch_level_hf_config) and W tokens in the token-level pass (a
+     second load). Each pass times its first PatchTrain forward and the same forward repeated (`timing` lines: the
+     first one compiles the Triton kernels of a cold cache).
   2. Megatron: MegatronArguments(model_type=TYPE, patch_size=K) -> swift.megatron.model.get_mcore_model
      -> config.bridge.load_weights -> every parameter and buffer moved to the GPU, one left elsewhere an error
      (place_model: megatron-core makes the shared-expert gate on the CPU); forward(input_ids, position_ids, labels)
      with labels token-aligned and the first patch -100 (swift_plt.patch_level.layout.mask_first_patch),
      loss = sum(losses * (labels != -100)) / count (ms-swift's loss_func). bf16 params with --attention_backend
      fused, fp32 params with unfused (cuDNN fused attention has no fp32). A family type must come out as mcore type
-     `gpt_plt` (PLTGPTModel) at K > 1, a hybrid family as `<mcore type>_plt` (qwen3_next_plt: PLTGPTModel,
-     qwen3_5_plt: PLTMultimodalGPTModel; swift_plt.models.families.HYBRID_MCORE_TYPES). A multimodal checkpoint's
+     `gpt_plt` (PLTGPTModel) at K > 1, a family mcore-bridge builds with its own type as `<mcore type>_plt`
+     (swift_plt.models.families.FAMILY_MCORE_TYPES: qwen3_next_plt, olmoe_plt, glm4_plt, minimax_m2_plt, hy_v3_plt,
+     bailing_moe_plt: PLTGPTModel; qwen3_5_plt: PLTMultimodalGPTModel). A multimodal checkpoint's
      HF config is read as ms-swift's loader reads it, without its processor (which needs qwen_vl_utils and
      torchvision, and serves media only). The first forward of each K > 1 model is timed (Triton compiles).
      fp32 runs with NVIDIA_TF32_OVERRIDE=0 and TRITON_F32_DEFAULT=ieee (no TF32 anywhere: cuBLAS, cuDNN, Triton
@@ -49,7 +53,7 @@ smallest vocab):
      expert set differs from the HF fp32 reference (`routes differ`): at most 1 % in fp32 (ties), reported in bf16.
   3. K=1 (at --k1-precisions): the PLT model at patch_size 1 vs the stock model: logits and per-token losses must be
      bit-identical (deterministic algorithms on; a repeat of the stock forward is the control). Family types:
-     mcore-bridge's `gpt_plt` (a hybrid's `<type>_plt`) built with patch_size=1 (what K > 1 selects) vs the
+     mcore-bridge's `gpt_plt` (an own type's `<type>_plt`) built with patch_size=1 (what K > 1 selects) vs the
      family's stock `gpt` (`<type>`);
      llama3_2_plt: llama3_2_plt --patch_size 1 vs stock `llama`. The stock model is also compared with the HF
      token-level loss.
@@ -73,6 +77,8 @@ os.environ.setdefault('TRITON_F32_DEFAULT', 'ieee')  # fp32 Triton dots (fla's G
 os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
 
 import torch  # noqa: E402
+
+import make_family_configs as mfc  # noqa: E402  (hand-written families, tests/harness; stdlib only at import)
 
 IGN = -100
 NVTE_ATTN_VARS = ('NVTE_FLASH_ATTN', 'NVTE_FUSED_ATTN', 'NVTE_UNFUSED_ATTN')
@@ -125,19 +131,20 @@ def id_limit(cfg):
 
 
 def expected_plt_build(model_type):
-    """(mcore-bridge model type, model class name) a family's K > 1 must be built as."""
-    from swift_plt.models.families import HYBRID_MCORE_TYPES, TEXT_ONLY_MULTIMODAL, plt_mcore_type
-    if model_type in HYBRID_MCORE_TYPES:
+    """(mcore-bridge model type, model class name) a family's K > 1 must be built as: `gpt_plt`, or `<type>_plt` of a
+    family mcore-bridge builds with its own type (a hybrid's, OLMoE's, ...: FAMILY_MCORE_TYPES)."""
+    from swift_plt.models.families import FAMILY_MCORE_TYPES, TEXT_ONLY_MULTIMODAL, plt_mcore_type
+    if model_type in FAMILY_MCORE_TYPES:
         cls = 'PLTMultimodalGPTModel' if model_type in TEXT_ONLY_MULTIMODAL else 'PLTGPTModel'
-        return plt_mcore_type(HYBRID_MCORE_TYPES[model_type]), cls
+        return plt_mcore_type(FAMILY_MCORE_TYPES[model_type]), cls
     return GPT_PLT, 'PLTGPTModel'
 
 
 def family_plt_meta(model_type):
-    """The PLT mcore-bridge meta of a family (`gpt_plt`, or a hybrid's `<type>_plt`), whatever K is."""
-    from swift_plt.models.families import HYBRID_MCORE_TYPES, MCORE_GPT_TYPE
+    """The PLT mcore-bridge meta of a family (`gpt_plt`, or its own type's `<type>_plt`), whatever K is."""
+    from swift_plt.models.families import FAMILY_MCORE_TYPES, MCORE_GPT_TYPE
     from swift_plt.plugin.register import plt_model_meta
-    return plt_model_meta(HYBRID_MCORE_TYPES.get(model_type, MCORE_GPT_TYPE))
+    return plt_model_meta(FAMILY_MCORE_TYPES.get(model_type, MCORE_GPT_TYPE))
 
 
 def timed(fn):
@@ -174,8 +181,10 @@ def random_batch(vocab, B, S, seed=0):
 
 # ------------------------------------------------------------------------------------------------------------ routes
 def hf_routers(model):
-    """HF MoE routers whose forward returns (logits, weights, top-k indices) (transformers 5 Qwen3-MoE, DeepSeek-V3)."""
-    return [m for m in model.modules() if type(m).__name__.lower().endswith('router') and hasattr(m, 'top_k')]
+    """HF MoE routers: modules with a top_k whose forward returns the chosen experts' indices, the last integer
+    tensor of its output (transformers 5's *TopKRouter: (logits, weights, indices); the hand-written Ling 2.0's Gate:
+    (indices, weights))."""
+    return [m for m in model.modules() if type(m).__name__.lower().endswith(('router', 'gate')) and hasattr(m, 'top_k')]
 
 
 @contextlib.contextmanager
@@ -186,7 +195,8 @@ def record_routes(model, kind, batch_size=None):
     if kind == 'hf':
 
         def hook(mod, inp, out):
-            idx = out[-1]
+            outs = out if isinstance(out, tuple) else (out, )
+            idx = [t for t in outs if isinstance(t, torch.Tensor) and not t.is_floating_point()][-1]
             n = getattr(mod, 'num_experts', None) or mod.weight.shape[0]
             maps.append(torch.zeros(idx.shape[0], n, dtype=torch.bool, device=idx.device).scatter_(1, idx, True).cpu())
 
@@ -232,12 +242,16 @@ def route_text(d):
 
 # ----------------------------------------------------------------------------------------------------------- HF side
 def load_hf(model_dir, dtype, auto_cls='AutoModelForCausalLM', **kw):
-    """The family's own HF model (``auto_cls``: its causal LM, or critic_families.py's token classifier), eager
-    attention, MoE experts in HF's eager loop; ``kw`` to from_pretrained (e.g. output_loading_info)."""
+    """The family's own HF model (``auto_cls``: its causal LM, or critic_families.py's token classifier; Ling 2.0's
+    causal LM: tests/harness's hand-written one), eager attention, MoE experts in HF's eager loop; ``kw`` to
+    from_pretrained (e.g. output_loading_info, or config fields replaced)."""
     import transformers
 
     from swift_plt.compat.transformers import hf_rope_guard
     cfg = read_config(model_dir)
+    if auto_cls == 'AutoModelForCausalLM' and mfc.hand_written(cfg['model_type']):
+        assert not kw, kw
+        return mfc.model_class(cfg).from_pretrained(model_dir, dtype=dtype)
     auto = getattr(transformers, auto_cls)
     if auto_cls == 'AutoModelForCausalLM' and is_multimodal(cfg):  # Auto* would pick Qwen3.5's text-only class
         auto = getattr(transformers, cfg['architectures'][0])
@@ -273,14 +287,33 @@ def text_lm(model):
 
 
 @torch.no_grad()
-def hf_pass(model, input_ids, K, device):
-    """Every reference number of one HF model (its current dtype) on input_ids."""
-    from swift_plt.patch_level.layout import mask_first_patch
-    from swift_plt.patch_level.loss import plt_token_losses
-    from swift_plt.patch_level.reference import patch_logits, patchtrain_loss, token_nll
+def hf_pass(model, input_ids, K, device, parts=('plt', 'tok')):
+    """The reference numbers of one HF model (its current dtype) on input_ids: PatchTrain's ('plt') and the
+    token-level ones ('tok')."""
+    from swift_plt.patch_level.reference import patchtrain_loss, token_nll
     model = model.to(device).eval()
     lm = text_lm(model)
     ids = input_ids.to(device)
+    out = {}
+    if 'plt' in parts:
+        out.update(hf_plt_numbers(model, lm, ids, K, device))
+    if 'tok' in parts:
+        # token-level causal LM: the stock HF forward, scored as PatchTrain at K=1
+        with record_routes(model, 'hf') as routes:
+            tl = lm.forward(input_ids=ids, use_cache=False).logits  # [B, S, V]
+        out['tok_routes'] = list(routes)
+        out['tok_loss'] = float(patchtrain_loss(tl, ids, 1))
+        out['tok_tok'] = token_nll(tl, ids, 1).roll(-1, dims=1).cpu()  # at position t: its NLL of token t+1 (rolled)
+        out['tok_logits'] = tl.double().cpu()
+    return out
+
+
+def hf_plt_numbers(model, lm, ids, K, device):
+    """PatchTrain's numbers of hf_pass (lm: text_lm(model); ids on device), the plugin's loss on its logits and the
+    one-token mis-alignment control."""
+    from swift_plt.patch_level.layout import mask_first_patch
+    from swift_plt.patch_level.loss import plt_token_losses
+    from swift_plt.patch_level.reference import patch_logits, patchtrain_loss, token_nll
     labels = ids
     B, S = ids.shape
     out = {}
@@ -304,32 +337,34 @@ def hf_pass(model, input_ids, K, device):
     out['plt_loss_shift1'] = float(patchtrain_loss(logits, bad, K))
     # per-token control: how much each token's NLL moves under that mis-alignment
     out['tok_control'] = float((plt_tok - token_nll(logits, bad, K)).abs().max())
-    # token-level causal LM: the stock HF forward, scored as PatchTrain at K=1
-    with record_routes(model, 'hf') as routes:
-        tl = lm.forward(input_ids=ids, use_cache=False).logits  # [B, S, V]
-    out['tok_routes'] = list(routes)
-    out['tok_loss'] = float(patchtrain_loss(tl, ids, 1))
-    out['tok_tok'] = token_nll(tl, ids, 1).roll(-1, dims=1).cpu()  # at position t: its NLL of token t+1 (rolled)
-    out['tok_logits'] = tl.double().cpu()
     return out
 
 
 def hf_references(model_dir, input_ids, K, device, device64):
-    """(fp32 numbers on `device`, fp64 numbers on `device64` or None): one load, the fp64 pass on the same weights."""
-    model = load_hf(model_dir, torch.float32)
-    ref32 = hf_pass(model, input_ids, K, device)
-    ref64 = None
-    if device64 and device64 != 'none':
-        model = model.to(device64, torch.float64)
-        try:
-            ref64 = hf_pass(model, input_ids, K, device64)
-        except Exception as e:  # e.g. a Triton kernel (fla's Gated DeltaNet) without fp64
-            traceback.print_exc()
-            say(f'[parity] fp64 reference skipped: {type(e).__name__}: {str(e)[:300]}')
-    del model
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    """(fp32 numbers on `device`, fp64 numbers on `device64` or None): per load the fp32 pass, then the fp64 pass on
+    the same weights. A sliding-window family is loaded twice: with its window in patches for PatchTrain's numbers
+    (ceil(W / K): tests/harness/plt_cases.patch_level_hf_config, as the CPU tests load it), as published (W tokens) for
+    the token-level ones."""
+    window = mfc.harness_module('plt_cases').patch_level_hf_config(model_dir, K)
+    loads = [(window, ('plt', )), ({}, ('tok', ))] if window else [({}, ('plt', 'tok'))]
+    ref32, ref64 = {}, {} if device64 and device64 != 'none' else None
+    for config, parts in loads:
+        model = load_hf(model_dir, torch.float32, **config)
+        for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
+            assert getattr(model.config, name) == value, (name, getattr(model.config, name), value)
+        ref32.update(hf_pass(model, input_ids, K, device, parts))
+        if ref64 is not None:
+            model = model.to(device64, torch.float64)
+            try:
+                ref64.update(hf_pass(model, input_ids, K, device64, parts))
+            except Exception as e:  # e.g. a Triton kernel (fla's Gated DeltaNet) without fp64
+                traceback.print_exc()
+                say(f'[parity] fp64 reference skipped: {type(e).__name__}: {str(e)[:300]}')
+                ref64 = None
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return ref32, ref64
 
 
@@ -409,6 +444,9 @@ def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=Fals
     kw.update(MG_KWARGS)
     if patch_size is not None:
         kw['patch_size'] = patch_size
+    module = mfc.hand_written(read_config(model_dir)['model_type'])
+    if module:  # no transformers class: its configuration class (a hub checkpoint brings its own) registered here
+        module.register_config()
     args = MegatronArguments(**kw)
     if plt_meta:
         args.megatron_model_meta = family_plt_meta(model_type)

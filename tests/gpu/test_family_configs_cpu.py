@@ -22,28 +22,38 @@ CUT_PARAMS = {'qwen2.5-1.5b': 1.544e9, 'qwen3-1.7b': 1.721e9, 'qwen3-30b-a3b-cut
               'qwen1.5-moe-a2.7b-cut': 2.905e9, 'glm-4.5-air-cut': 3.953e9, 'glm-4.7-flash-cut': 2.625e9,
               'deepseek-v2-lite-cut': 2.255e9, 'ernie-4.5-0.3b': 0.3607e9, 'ernie-4.5-21b-a3b-cut': 2.758e9,
               'dots.llm1-cut': 3.866e9, 'kimi-k2-cut': 4.546e9, 'llama-3.2-1b': 1.236e9,
-              'qwen3-next-80b-a3b-cut': 2.375e9, 'qwen3.5-27b-cut': 4.068e9, 'qwen3.5-35b-a3b-cut': 2.772e9}
+              'qwen3-next-80b-a3b-cut': 2.375e9, 'qwen3.5-27b-cut': 4.068e9, 'qwen3.5-35b-a3b-cut': 2.772e9,
+              'gpt-oss-20b-cut': 4.451e9, 'olmoe-1b-7b-cut': 1.884e9, 'glm-4-9b-0414-cut': 2.057e9,
+              'minimax-m2-cut': 4.080e9, 'hy3-preview-cut': 3.834e9, 'ling-mini-2.0-cut': 3.144e9}
 # the uncut published configs: the totals their model cards give (a mistyped width or count changes these)
 CARD_PARAMS = {'qwen1.5-moe-a2.7b-cut': 14.3e9, 'glm-4.5-air-cut': 106e9, 'glm-4.7-flash-cut': 30e9,
                'deepseek-v2-lite-cut': 15.7e9, 'ernie-4.5-0.3b': 0.36e9, 'ernie-4.5-21b-a3b-cut': 21.8e9,
                'dots.llm1-cut': 142e9, 'kimi-k2-cut': 1.03e12, 'llama-3.2-1b': 1.24e9,
-               'qwen3-next-80b-a3b-cut': 80e9, 'qwen3.5-27b-cut': 27e9, 'qwen3.5-35b-a3b-cut': 35e9}
+               'qwen3-next-80b-a3b-cut': 80e9, 'qwen3.5-27b-cut': 27e9, 'qwen3.5-35b-a3b-cut': 35e9,
+               'gpt-oss-20b-cut': 21e9, 'olmoe-1b-7b-cut': 6.9e9, 'glm-4-9b-0414-cut': 9.4e9, 'minimax-m2-cut': 230e9,
+               'hy3-preview-cut': 295e9, 'ling-mini-2.0-cut': 16e9}
 
 
 def test_groups_cover_every_family_once():
-    assert sorted(mfc.GROUPS['all']) == sorted(mfc.DEFAULT + mfc.MORE + mfc.HYBRID) and mfc.GROUPS['all'] == mfc.NAMES
-    assert not set(mfc.DEFAULT) & set(mfc.MORE) and not set(mfc.HYBRID) & set(mfc.DEFAULT + mfc.MORE)
-    assert set(CUT_PARAMS) == set(mfc.NAMES) and set(CARD_PARAMS) == set(mfc.MORE + mfc.HYBRID)
+    groups = mfc.DEFAULT + mfc.MORE + mfc.HYBRID + mfc.NEW
+    assert sorted(mfc.GROUPS['all']) == sorted(groups) and len(set(groups)) == len(groups)
+    assert mfc.GROUPS['all'] == mfc.NAMES
+    assert set(CUT_PARAMS) == set(mfc.NAMES) and set(CARD_PARAMS) == set(mfc.MORE + mfc.HYBRID + mfc.NEW)
     from swift_plt.models.families import FAMILIES
     types = {mfc.family_config(n)['model_type'] for n in mfc.NAMES}
     # every family transformers builds without remote code has a published config here (kimi_k2 as deepseek_v3),
-    # but olmoe, gpt_oss, glm4, minimax_m2, hy_v3 and bailing_moe (CPU-proven, their GPU parity not yet run)
-    assert set(FAMILIES) - types == {'internlm3', 'mimo', 'deepseek', 'kimi_k2', 'olmoe', 'gpt_oss', 'glm4',
-                                     'minimax_m2', 'hy_v3', 'bailing_moe'}
+    # and Ling 2.0 (bailing_moe, hand-written)
+    assert set(FAMILIES) - types == {'internlm3', 'mimo', 'deepseek', 'kimi_k2'}
 
 
-# the families of mfc.NAMES this transformers builds (4.57.x: all but glm4_moe_lite)
-BUILT = [n for n in mfc.NAMES if mfc.in_transformers(n)]
+# parity.py --hf-only's models: name -> model type
+PARITY_HF_ONLY = {'qwen3-30b-a3b-cut': 'qwen3_moe', 'gpt-oss-20b-cut': 'gpt_oss', 'ling-mini-2.0-cut': 'bailing_moe'}
+ROUTER_BIAS = ('e_score_correction_bias', 'expert_bias')  # the routers' expert bias in the checkpoints
+# a MoE layer's first expert weight as the hub checkpoint names it (default: mlp.experts.0.gate_proj.weight)
+EXPERT_KEY = {'minimax-m2-cut': 'layers.1.block_sparse_moe.experts.0.w1.weight',
+              'gpt-oss-20b-cut': 'layers.1.mlp.experts.gate_up_proj'}
+# the families of mfc.NAMES built here (transformers 4.57.x: all but glm4_moe_lite, qwen3_5*, hy_v3)
+BUILT = [n for n in mfc.NAMES if mfc.buildable(n)]
 
 
 def skip_unbuilt(name):
@@ -81,17 +91,19 @@ def test_cuts_keep_each_structure():
     """A cut changes only layer and expert counts (and drops MTP layers): the dense first layers stay, at least two
     MoE layers follow, routing keeps its top-k and groups."""
     allowed = {'num_hidden_layers', 'n_routed_experts', 'num_nextn_predict_layers', 'max_window_layers',
-               'moe_layer_end_index', 'num_experts', 'layer_types', 'mtp_num_hidden_layers', 'text_config',
-               'vision_config'}
+               'moe_layer_end_index', 'num_experts', 'num_local_experts', 'layer_types', 'attn_type_list',
+               'mtp_num_hidden_layers', 'text_config', 'vision_config'}
     # DeepSeek-V3: 1 of its 3 dense layers, 4 groups of 4 of the 16 experts kept
     allowed_more = {'deepseek-v3-cut': {'first_k_dense_replace', 'n_group', 'topk_group'}}
     for name in mfc.NAMES:
         real, cut, _ = mfc.FAMILIES[name]
         cfg = mfc.family_config(name)
         assert set(cut) | set(cut.get('text_config', {})) <= allowed | allowed_more.get(name, set()), name
-        if name not in mfc.HYBRID:  # only the hybrids cut experts through num_experts (qwen3_moe keeps all 128)
+        if name not in mfc.HYBRID + mfc.NEW:  # qwen3_moe / qwen2_moe keep all their experts
             assert 'num_experts' not in cut, name
         real, cfg = mfc.text_config(real), mfc.text_config(cfg)
+        for key in ('layer_types', 'attn_type_list'):  # per-layer lists cut with the layers
+            assert key not in cfg or len(cfg[key]) == cfg['num_hidden_layers'], (name, key)
         assert cfg['num_hidden_layers'] <= real['num_hidden_layers'] and not cfg.get('num_nextn_predict_layers')
         assert not cfg.get('mtp_num_hidden_layers'), name
         if name in mfc.HYBRID:  # 3 Gated DeltaNet layers, then the full-attention one; the published interval
@@ -104,7 +116,8 @@ def test_cuts_keep_each_structure():
         assert dense == real_dense or 1 <= dense < real_dense, name
         assert cfg['num_hidden_layers'] - dense >= 2, name
         assert cfg.get('moe_layer_end_index', cfg['num_hidden_layers'] - 1) == cfg['num_hidden_layers'] - 1, name
-        experts = cfg.get('n_routed_experts') or cfg.get('num_experts') or cfg['moe_num_experts']
+        experts = (cfg.get('n_routed_experts') or cfg.get('num_experts') or cfg.get('num_local_experts')
+                   or cfg['moe_num_experts'])
         assert experts >= 2 * (cfg.get('num_experts_per_tok') or cfg['moe_k']), name
 
 
@@ -140,7 +153,10 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
                'ernie-4.5-0.3b': 'Ernie4_5ForCausalLM', 'dots.llm1-cut': 'Dots1ForCausalLM',
                'kimi-k2-cut': 'DeepseekV3ForCausalLM', 'qwen3-next-80b-a3b-cut': 'Qwen3NextForCausalLM',
                'qwen3.5-27b-cut': 'Qwen3_5ForConditionalGeneration',
-               'qwen3.5-35b-a3b-cut': 'Qwen3_5MoeForConditionalGeneration'}
+               'qwen3.5-35b-a3b-cut': 'Qwen3_5MoeForConditionalGeneration', 'gpt-oss-20b-cut': 'GptOssForCausalLM',
+               'olmoe-1b-7b-cut': 'OlmoeForCausalLM', 'glm-4-9b-0414-cut': 'Glm4ForCausalLM',
+               'minimax-m2-cut': 'MiniMaxM2ForCausalLM', 'hy3-preview-cut': 'HYV3ForCausalLM',
+               'ling-mini-2.0-cut': 'BailingMoeV2ForCausalLM'}
     assert set(classes) == set(mfc.NAMES)
     for name, cls in classes.items():
         if name not in BUILT:
@@ -164,16 +180,19 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
             if name == 'qwen2.5-1.5b':
                 assert float(f.get_tensor('model.layers.0.self_attn.q_proj.bias').abs().sum()) > 0
             for key in keys:
-                if key.endswith('e_score_correction_bias'):  # random where mcore-bridge loads it, else 0
+                if key.endswith(ROUTER_BIAS):  # random where mcore-bridge loads it, else 0
                     b = f.get_tensor(key)
                     assert b.dtype == torch.float32
                     assert (float(b.abs().sum()) > 0) == (cfg['model_type'] not in mfc.NO_ROUTER_BIAS), key
-        assert any(k.endswith('e_score_correction_bias') for k in keys) == (
+            if name == 'gpt-oss-20b-cut':  # sinks and expert biases random too (HF: N(0, 0.02) and 0)
+                assert float(f.get_tensor('model.layers.1.self_attn.sinks').float().std()) > 0.3
+                assert float(f.get_tensor('model.layers.1.mlp.experts.down_proj_bias').abs().sum()) > 0
+        assert any(k.endswith(ROUTER_BIAS) for k in keys) == (
             name in ('deepseek-v3-cut', 'glm-4.5-air-cut', 'glm-4.7-flash-cut', 'ernie-4.5-21b-a3b-cut',
-                     'dots.llm1-cut', 'kimi-k2-cut'))
+                     'dots.llm1-cut', 'kimi-k2-cut', 'minimax-m2-cut', 'hy3-preview-cut', 'ling-mini-2.0-cut'))
         prefix = 'model.language_model.' if 'text_config' in cfg else 'model.'  # the hub format mcore-bridge reads
         if parity.is_moe(cfg):
-            assert prefix + 'layers.1.mlp.experts.0.gate_proj.weight' in keys
+            assert prefix + EXPERT_KEY.get(name, 'layers.1.mlp.experts.0.gate_proj.weight') in keys
         if name in mfc.HYBRID:  # layers 0-2 Gated DeltaNet, layer 3 gated attention (what mcore-bridge builds)
             assert prefix + 'layers.2.linear_attn.conv1d.weight' in keys
             assert prefix + 'layers.3.self_attn.q_proj.weight' in keys
@@ -184,23 +203,45 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
     assert ds.config.q_lora_rank == 32 and ds.config.first_k_dense_replace == 1
 
 
+def test_patch_level_window_and_plt_types(tiny_dirs):
+    """parity.py's reference of GPT-OSS: its window of 8 tokens is 2 patches at K=4 (the CPU tests' rule), no other
+    family has one; the mcore type each family's K > 1 must be built as."""
+    plt_cases = mfc.harness_module('plt_cases')
+    for name in BUILT:
+        window = plt_cases.patch_level_hf_config(str(tiny_dirs / name), 4)
+        assert window == ({'sliding_window': 2} if name == 'gpt-oss-20b-cut' else {}), name
+    assert parity.expected_plt_build('gpt_oss') == ('gpt_plt', 'PLTGPTModel')
+    for model_type in ('olmoe', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe', 'qwen3_next'):
+        assert parity.expected_plt_build(model_type) == (model_type + '_plt', 'PLTGPTModel')
+    assert parity.expected_plt_build('qwen3_5_moe') == ('qwen3_5_plt', 'PLTMultimodalGPTModel')
+
+
 @pytest.fixture(scope='module')
 def parity_hf_only(tiny_dirs, tmp_path_factory):
-    """parity.py --hf-only on the MoE dir: the HF reference and the plugin's loss on its logits."""
+    """parity.py --hf-only, one process, on the MoE dir (the HF reference and the plugin's loss on its logits), GPT-OSS
+    (loaded twice: its window in patches for PatchTrain, in tokens for the token-level pass) and Ling 2.0 (the
+    hand-written model, its Gate's routes)."""
     out = tmp_path_factory.mktemp('parity') / 'p.json'
-    moe = str(tiny_dirs / 'qwen3-30b-a3b-cut')
-    r = subprocess.run([sys.executable, os.path.join(HERE, 'parity.py'), '--model', moe, '--random-ids', '--S', '32',
-                        '--hf-only', '--hf-device', 'cpu', '--json', str(out)],
+    models = [str(tiny_dirs / n) for n in PARITY_HF_ONLY]
+    r = subprocess.run([sys.executable, os.path.join(HERE, 'parity.py'), '--random-ids', '--S', '32', '--hf-only',
+                        '--hf-device', 'cpu', '--json', str(out)] + [a for m in models for a in ('--model', m)],
                        capture_output=True, text=True, timeout=600)
     return r, out
+
+
+def reference_line(stdout, name):
+    (line, ) = [x for x in stdout.splitlines() if x.startswith(f'PARITY [{name}] HF reference')]
+    return line
 
 
 def test_parity_reference_runs_on_a_tiny_family_dir(parity_hf_only):
     r, out = parity_hf_only
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert 'PARITY summary: 2 lines, 0 failed' in r.stdout  # the reference and its timing line
+    assert 'PARITY summary: 6 lines, 0 failed' in r.stdout  # per model: the reference and its timing line
     res = json.load(open(out))
-    assert res['model_types'] == {'qwen3-30b-a3b-cut': 'qwen3_moe'}
+    assert res['model_types'] == PARITY_HF_ONLY
+    assert '(BailingMoeV2ForCausalLM)' in reference_line(r.stdout, 'ling-mini-2.0-cut')
+    assert reference_line(r.stdout, 'ling-mini-2.0-cut').endswith('; 1 MoE layers')  # the Gate's, after 1 dense
 
 
 @pytest.mark.skipif(not is_transformers_5(), reason='transformers 4.57 has no MoE router module (its gate is a Linear '
@@ -208,7 +249,8 @@ def test_parity_reference_runs_on_a_tiny_family_dir(parity_hf_only):
 def test_parity_records_the_hf_moe_routes(parity_hf_only):
     r, _ = parity_hf_only
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert '2 MoE layers' in r.stdout
+    for name in ('qwen3-30b-a3b-cut', 'gpt-oss-20b-cut'):
+        assert reference_line(r.stdout, name).endswith('; 2 MoE layers'), name
 
 
 @pytest.mark.skipif('qwen3.5-35b-a3b-cut' not in BUILT, reason='transformers without qwen3_5_moe')

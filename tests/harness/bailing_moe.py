@@ -6,6 +6,7 @@ RoPE; eager attention, no cache, no MTP layers), as the HF-side reference the te
 import json
 import math
 import os
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -167,9 +168,10 @@ class DecoderLayer(nn.Module):
 
 
 class _Output:
+    """A transformers-style model output (``last_hidden_state``, ``logits``)."""
 
-    def __init__(self, last_hidden_state):
-        self.last_hidden_state = last_hidden_state
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
 
 
 class Model(nn.Module):
@@ -191,38 +193,57 @@ class Model(nn.Module):
         x = inputs_embeds
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return _Output(self.norm(x))
+        return _Output(last_hidden_state=self.norm(x))
 
 
 class BailingMoeV2ForCausalLM(nn.Module):
-    """The causal LM: ``model`` (word_embeddings, layers, norm) and ``lm_head``, with the two methods the brute force
-    (swift_plt.patch_level.reference) uses."""
+    """The causal LM: ``model`` (word_embeddings, layers, norm) and ``lm_head``, with what the brute force
+    (swift_plt.patch_level.reference) and tests/gpu/parity.py use of a transformers causal LM (``config`` with
+    attribute access, ``forward(input_ids).logits``, ``from_pretrained`` / ``save_pretrained`` of one
+    model.safetensors)."""
 
     def __init__(self, config: dict):
         super().__init__()
         if config.get('num_nextn_predict_layers'):
             raise ValueError('the hand-written Ling 2.0 has no MTP layers (num_nextn_predict_layers must be 0)')
-        self.config = config
+        self.config = SimpleNamespace(**config)
         self.model = Model(config)
         self.lm_head = nn.Linear(config['hidden_size'], config['vocab_size'], bias=False)
 
     def get_input_embeddings(self):
         return self.model.word_embeddings
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, use_cache=False):
         P = input_ids.shape[1]
         pos = torch.arange(P, device=input_ids.device).expand_as(input_ids)
-        return self.lm_head(self.model(self.model.word_embeddings(input_ids), pos).last_hidden_state)
+        hidden = self.model(self.model.word_embeddings(input_ids), pos).last_hidden_state
+        return _Output(logits=self.lm_head(hidden))
+
+    def init_weights(self):
+        """transformers' init of such a model: every weight matrix N(0, initializer_range); norms 1, expert bias 0
+        (as constructed)."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if not name.endswith('norm.weight'):
+                    p.normal_(0.0, self.config.initializer_range)
 
     @classmethod
-    def from_pretrained(cls, hf_dir):
+    def from_pretrained(cls, hf_dir, dtype=torch.float32):
         from safetensors.torch import load_file
         with open(os.path.join(hf_dir, 'config.json')) as f:
             model = cls(json.load(f))
         missing, unexpected = model.load_state_dict(load_file(os.path.join(hf_dir, 'model.safetensors')), strict=False)
         if missing or unexpected:
             raise KeyError(f'checkpoint does not match: missing {missing}, unexpected {unexpected}')
-        return model.float()
+        return model.to(dtype)
+
+    def save_pretrained(self, out_dir, safe_serialization=True):
+        """model.safetensors in the published names, each tensor in its dtype (config.json: the caller's)."""
+        from safetensors.torch import save_file
+        assert safe_serialization, 'safetensors only'
+        os.makedirs(out_dir, exist_ok=True)
+        state = {n: t.contiguous() for n, t in self.state_dict().items()}
+        save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
 
 
 # Ling-mini-2.0's config.json keys (inclusionAI/Ling-mini-2.0) at toy widths: QK-norm, partial rotary (half the
@@ -243,8 +264,6 @@ def make_tiny_bailing_moe(out_dir: str, vocab_size: int = 512, seed: int = 0, **
     """Write a random-init fp32 Ling 2.0 checkpoint (config.json, model.safetensors in the published names, the
     offline BPE tokenizer of swift_plt.tools.tiny) to ``out_dir``; expert bias and norm weights random, not their
     init values, so a missed term shows."""
-    from safetensors.torch import save_file
-
     from swift_plt.tools.tiny import _fork_rng, _train_tokenizer, make_tokenizer_config_portable
     config = dict(TINY_CONFIG, vocab_size=vocab_size, **overrides)
     os.makedirs(out_dir, exist_ok=True)
@@ -264,8 +283,7 @@ def make_tiny_bailing_moe(out_dir: str, vocab_size: int = 512, seed: int = 0, **
             for name, b in model.named_buffers():
                 if name.endswith('expert_bias'):
                     b.copy_(0.1 * torch.randn_like(b))
-    state = {n: t.contiguous() for n, t in model.state_dict().items()}
-    save_file(state, os.path.join(out_dir, 'model.safetensors'), metadata={'format': 'pt'})
+    model.save_pretrained(out_dir)
     with open(os.path.join(out_dir, 'config.json'), 'w') as f:
         json.dump(config, f, indent=2)
     return out_dir

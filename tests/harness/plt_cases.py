@@ -59,16 +59,17 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
 
 def patch_level_hf_config(hf_dir, k=K):
     """What the brute force changes in the HF config at patch size ``k``: a sliding window of W tokens is ceil(W / k)
-    patches (the patch sequence sees the same span of text); nothing else (attention sinks stay)."""
-    import math
-
+    patches (the patch sequence sees the same span of text: swift_plt.models.window); nothing else (attention sinks
+    stay). The window as transformers reads config.json (Qwen2's is None without use_sliding_window)."""
     from transformers import AutoConfig
+
+    from swift_plt.models.window import patch_window
 
     from .bailing_moe import is_bailing_moe
     if is_bailing_moe(hf_dir):
         return {}
     window = getattr(AutoConfig.from_pretrained(hf_dir), 'sliding_window', None)
-    return {} if window is None else {'sliding_window': math.ceil(window / k)}
+    return {'sliding_window': patch_window(window, k)} if window else {}
 
 
 def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False, per_token=False):

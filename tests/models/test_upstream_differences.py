@@ -4,6 +4,8 @@ itself, measured here so that the warning goes stale loudly (these tests fail) i
 
 DeepSeek-V2 ``topk_method: group_limited_greedy``: transformers scores an expert group by its best expert
 score, megatron-core by the sum of its top ``num_experts_per_tok // topk_group`` scores."""
+import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +13,9 @@ from transformers import DeepseekV2Config, DeepseekV3Config, LlamaConfig
 
 from harness.dist import spawn
 from swift_plt.models.upstream_differences import run_hf_config, upstream_difference_warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'gpu'))
+import make_family_configs as mfc  # noqa: E402  (the published config.json dicts; stdlib only)
 
 # DeepSeek-V2 (236B) routing, experts cut to 32: 8 groups of 4, top-3 groups, top-6 experts, softmax, not renormalised.
 V2_ROUTING = dict(n_routed_experts=32, n_group=8, topk_group=3, num_experts_per_tok=6, norm_topk_prob=False,
@@ -198,20 +203,16 @@ def _longrope(**kw):
     return dict(model_type='llama', max_position_embeddings=512, **kw)
 
 
-# Hunyuan-V3's published config.json keys that mcore-bridge reads (tencent/Hy3)
-HY_V3_PUBLISHED = dict(model_type='hy_v3', qk_norm=True, moe_router_use_sigmoid=True,
-                       moe_router_enable_expert_bias=True, route_norm=True, first_k_dense_replace=1,
-                       num_experts_per_tok=8)
-# Ling-mini-2.0's published config.json keys that bear on these (inclusionAI/Ling-mini-2.0)
-LING_PUBLISHED = dict(model_type='bailing_moe', num_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8,
-                      use_qkv_bias=False, use_bias=False, use_qk_norm=True, score_function='sigmoid')
+# the published config.json of Hunyuan-V3 (tencent/Hy3-preview) and Ling-mini-2.0 (inclusionAI/Ling-mini-2.0):
+# tests/gpu/make_family_configs.py
+HY_V3_PUBLISHED = mfc.HY3_PREVIEW
+LING_PUBLISHED = mfc.LING_MINI_20
 LONGROPE_PARAMS = dict(rope_type='longrope', short_factor=[1.0] * 8, long_factor=[2.0] * 8,
                        original_max_position_embeddings=16)
 
 
-# MiniMax-M2's published config.json fields that mcore-bridge reads (QK-norm, sigmoid routing with the expert bias)
-MINIMAX_M2 = dict(model_type='minimax_m2', use_qk_norm=True, scoring_func='sigmoid', use_routing_bias=True,
-                  num_experts_per_tok=8)
+# MiniMax-M2's published config.json (QK-norm, sigmoid routing with the expert bias): tests/gpu/make_family_configs.py
+MINIMAX_M2 = mfc.MINIMAX_M2
 
 
 @pytest.mark.parametrize('config, needle', [
