@@ -40,9 +40,13 @@ def plt_model_refusal(args) -> Optional[str]:
                    'Use --patch_size 1.'
         return (f'`{args.model_type}` is built by mcore-bridge as `{meta.model_type}`, not the GPT decoder PLT wraps '
                 f'(supported: {families.supported_list()}). Use --patch_size 1.')
+    return families.plt_refusal(hf_model_type(args), bool(getattr(args, 'is_multimodal', False)))
+
+
+def hf_model_type(args):
+    """The checkpoint's HF ``model_type``: config.json's where ms-swift has loaded it, else ``--model_type``."""
     config = getattr(getattr(args, 'model_info', None), 'config', None)
-    hf_type = getattr(config, 'model_type', None) or getattr(args, 'model_type', None)
-    return families.plt_refusal(hf_type, bool(getattr(args, 'is_multimodal', False)))
+    return getattr(config, 'model_type', None) or getattr(args, 'model_type', None)
 
 
 def resolve_patch_size(args) -> int:
@@ -159,8 +163,7 @@ def resolve_patch_size_hf(args, command: str) -> int:
         raise ValueError(f'--patch_size {k}: a patch-level (PLT) model does not generate token by token, so only '
                          'training (swift pt/sft, megatron pt/sft) and swift export take --patch_size > 1. Use the '
                          'token-level model here: drop --patch_size (checkpoints are saved as the plain model).')
-    config = getattr(getattr(args, 'model_info', None), 'config', None)
-    model_type = getattr(config, 'model_type', None) or getattr(args, 'model_type', None)
+    model_type = hf_model_type(args)
     if model_type in families.HF_SIDE_REFUSED:
         raise ValueError(f'--patch_size {k}: `{model_type}` on the HF backend: {families.HF_SIDE_REFUSED[model_type]}. '
                          'Or use --patch_size 1.')
