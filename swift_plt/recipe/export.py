@@ -125,13 +125,13 @@ def check_vanilla(hf_dir: str) -> dict:
     problems += [f'custom code file {os.path.basename(p)}' for p in glob.glob(os.path.join(hf_dir, '*.py'))]
     if problems:
         raise AssertionError(f'{hf_dir} is not a vanilla checkpoint: ' + '; '.join(problems))
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
     from swift_plt.compat.transformers import hf_rope_guard
-    from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
-    # a multimodal checkpoint trained on text (Qwen3.5) loads whole, vision tower included, as its own class
-    auto = AutoModelForImageTextToText if config.get('model_type') in TEXT_ONLY_MULTIMODAL else AutoModelForCausalLM
+    from swift_plt.models.hf_causal_lm import causal_lm_class as transformers_class
     with hf_rope_guard():  # safe after mcore-bridge ran in this process, on transformers 4.57.x and 5.x
+        # transformers' Auto mapping of the config (Qwen3.5: its multimodal class, vision tower included)
+        auto = transformers_class(AutoConfig.from_pretrained(hf_dir, trust_remote_code=False))
         model = auto.from_pretrained(hf_dir, trust_remote_code=False)
     cls = type(model)
     if (not cls.__module__.startswith('transformers.models.') or cls.__name__ != want
