@@ -5,7 +5,7 @@
 #     FAMILIES=qwen1.5-moe-a2.7b-cut,glm-4.5-air-cut,glm-4.7-flash-cut,deepseek-v2-lite-cut bash tests/gpu/families.sh
 #     FAMILIES=llama-3.2-1b,ernie-4.5-21b-a3b-cut,ernie-4.5-0.3b,dots.llm1-cut,kimi-k2-cut bash tests/gpu/families.sh
 #     FAMILIES=hybrid bash tests/gpu/families.sh                      # the Gated-DeltaNet hybrids, one H100
-#     NGPU=4 FAMILIES=new bash tests/gpu/families.sh                  # the six of CPU proofs only, 4 GPUs
+#     NGPU=2 FAMILIES=new bash tests/gpu/families.sh                  # mcore-bridge's own decoder types, 2 GPUs, ~6 min
 #   (the two before hybrid ~5 min each on 2 GPUs; FAMILIES=more runs those nine, FAMILIES=all the twenty-two)
 #   0. tests/gpu/make_family_configs.py: random-init HF dirs with the published config.json (bf16), layers and
 #      experts cut to one 80 GB GPU; tiny BPE tokenizer. Groups: `default` = Qwen2.5-1.5B (qwen2: qkv bias, tied),

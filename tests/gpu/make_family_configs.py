@@ -9,8 +9,8 @@ Nothing is downloaded; the tokenizer is the tiny BPE one.
 Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for each NAME and
 prints parameters and bytes per model. Groups: `default` (DEFAULT: qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut,
 deepseek-v3-cut), `more` (MORE: the other `gpt` families), `hybrid` (HYBRID: the Gated-DeltaNet hybrids Qwen3-Next and
-Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0: supported at K > 1 on
-CPU proofs, their GPU parity pending), `all`. config.json is the published one with only the cut fields changed (so
+Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0: mcore-bridge's own decoder
+types and GPT-OSS), `all`. config.json is the published one with only the cut fields changed (so
 mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and where its
 values come from. Qwen3.5 checkpoints are multimodal (text_config + vision_config, written as
 Qwen3_5[Moe]ForConditionalGeneration, the class named in `architectures`): their cut applies to text_config, and the
@@ -196,7 +196,7 @@ LLAMA32_1B = {
     'vocab_size': 128256,
 }  # yapf: disable
 
-# --- the families supported at K > 1 on CPU proofs, their GPU parity pending (group `new`) ---
+# --- mcore-bridge's own decoder types and GPT-OSS (group `new`) ---
 # openai/gpt-oss-20b (gpt_oss: sliding-window attention, 128 tokens, in every other layer; learned attention sinks;
 # biases in attention, router and experts; clamped SwiGLU experts, softmax over the top-4 router logits; YaRN).
 # Values: public copies of its config.json (and gpt-oss-120b's, which differs in layers and experts only).
@@ -441,7 +441,7 @@ FAMILIES = {
                                                  vision_config=VISION_CUT), dict(
         text_config=dict(HYBRID_TOY, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
                          num_experts_per_tok=2), vision_config=VISION_TOY, **TINY_MEDIA_IDS)),
-    # --- the families of CPU proofs only (group `new`; GPT-OSS built as `gpt_plt`, the others as mcore-bridge's own
+    # --- mcore-bridge's own decoder types and GPT-OSS (group `new`; GPT-OSS built as `gpt_plt`, the others as mcore-bridge's own
     # `<type>_plt`) ---
     # 4 of 24 layers (2 sliding-window + 2 full attention), all 32 experts (top-4): 4.4 B. The toy window of 8 tokens
     # is 2 patches at K=4, shorter than the dry run's 64-token rows (the published 128 is 32 patches of 64)
