@@ -15,10 +15,12 @@
 #
 #   bash benchmarks/throughput/families.sh           (repo root or anywhere; a GPU machine)
 #   DENSE= MOE= HYBRID=qwen3-next-80b-a3b-cut bash benchmarks/throughput/families.sh    (the hybrid alone)
+#   DENSE= MOE= FAMILIES=glm-4-9b-0414-cut,olmoe-1b-7b-cut bash benchmarks/throughput/families.sh  (any cuts, by name)
 # ~4 min on an H100 (8 runs of ~20-35 s on the GPU after ~40 s of start-up; models made first if missing, ~30 s).
 # env: MODELS_DIR (make_family_configs.py's --out; the two models are made there if missing; default $TPUT_WORK/models),
 #      DENSE (qwen3-1.7b; or qwen2.5-1.5b; empty: skip), MOE (qwen3-30b-a3b-cut; empty: skip), HYBRID (empty: skip;
-#      qwen3-next-80b-a3b-cut), ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8), RUN_TIMEOUT (150 s a run may hold
+#      qwen3-next-80b-a3b-cut), FAMILIES (comma list of further make_family_configs.py names, each its own label),
+#      ROUNDS (2), ITERS (8), WARM (3), MBS (1), GBS (8), RUN_TIMEOUT (150 s a run may hold
 #      the GPU), BUDGET (290 s from the start; the launcher gives no turn with less than TURN_SECS (40) left and kills
 #      everything at BUDGET - 10 s), LOOKAHEAD (3), OUT (/tmp/plt_tput_families_out), TPUT_WORK
 #      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), NPROC (GPUs of every run, 1; the
@@ -51,7 +53,9 @@ missing=() FAMILY_ARGS=()
 [ -n "$DENSE" ] && FAMILY_ARGS+=(--family "dense=$MODELS_DIR/$DENSE")
 [ -n "$MOE" ] && FAMILY_ARGS+=(--family "moe=$MODELS_DIR/$MOE")
 [ -n "$HYBRID" ] && FAMILY_ARGS+=(--family "hybrid=$MODELS_DIR/$HYBRID")
-for n in $DENSE $MOE $HYBRID; do
+FURTHER=${FAMILIES//,/ }
+for n in $FURTHER; do FAMILY_ARGS+=(--family "$n=$MODELS_DIR/$n"); done
+for n in $DENSE $MOE $HYBRID $FURTHER; do
   ls "$MODELS_DIR/$n"/*.safetensors >/dev/null 2>&1 && [ -f "$MODELS_DIR/$n/tokenizer.json" ] || missing+=("$n")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -59,7 +63,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   python3 tests/gpu/make_family_configs.py --out "$MODELS_DIR" --only "$(IFS=,; echo "${missing[*]}")" \
     >"$OUT/make_models.log" 2>&1 || { echo "TPUT model creation failed"; tail -5 "$OUT/make_models.log"; exit 1; }
   echo "TPUT models ${missing[*]} made in $((SECONDS - t)) s:" \
-    "$(grep -E '^(qwen|deepseek)' "$OUT/make_models.log" | cut -d';' -f1 | tr '\n' ' ')"
+    "$(grep -E ' B params ' "$OUT/make_models.log" | cut -d';' -f1 | tr '\n' ' ')"
 fi
 python3 - "$W/text.txt" <<'EOF' || { echo "TPUT text creation failed"; exit 1; }
 import sys

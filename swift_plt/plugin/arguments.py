@@ -95,6 +95,11 @@ def check_plt_supported(args, k: int) -> None:
     meta = getattr(args, 'megatron_model_meta', None)  # (ms-swift has not read config.json yet at this point)
     if meta is not None and meta.model_type in families.HYBRID_MCORE_TYPES.values():
         problems.extend(hybrid_problems(args))
+    if hf_model_type(args) in families.ATTENTION_SINK_TYPES and getattr(args, 'padding_free', False):
+        from swift_plt.compat.versions import installed_version
+        problem = sinks_thd_problem(installed_version('transformer_engine'))
+        if problem:
+            problems.append(problem)
     for name in ('max_length', 'packing_length', 'seq_length'):
         value = getattr(args, name, None)
         if value and value % k:
@@ -136,6 +141,18 @@ def fla_hopper_problem(capability, triton_version):
             'its backward with Triton 3.4.0 to 3.7.0, which computes wrong gradients there: install triton>=3.7.1 or '
             'tilelang; or megatron-core\'s torch path, padded batches only: --megatron_extra_kwargs '
             '\'{"deterministic_mode": true}\' --padding_free false)')
+
+
+def sinks_thd_problem(te_version: Optional[str]) -> Optional[str]:
+    """Transformer Engine 2.11 (verified; older ones too) has no attention kernel for attention sinks on padding-free
+    (THD) rows: GPT-OSS stops at step 1 there, stock alike (H200, 2026-11-28). Say so before step 1. None when fine."""
+    v = tuple(int(x) for x in re.findall(r'\d+', te_version or '')[:2])
+    if not v or v >= (2, 12):
+        return None
+    return (f'--padding_free true (the default; also set by --packing true) with attention sinks (GPT-OSS): '
+            f'Transformer Engine {te_version} has no attention kernel for sinks on padding-free rows, so step 1 would '
+            'stop with "No dot product attention backend is available" (stock Megatron-SWIFT alike); use '
+            '--padding_free false without --packing')
 
 
 # HF backend (`swift pt/sft`): options with which ms-swift's HF trainer computes the loss outside the model

@@ -269,3 +269,28 @@ def test_hf_commands():
     with pytest.raises(ValueError, match=r'--patch_size 4: .* does not generate token by token.*drop --patch_size'):
         resolve_patch_size_hf(make_hf_args(patch_size=4), 'other')
     assert resolve_patch_size_hf(make_hf_args(), 'other') == 1
+
+
+@pytest.mark.parametrize('te_version, refused', [('2.11.0', True), ('2.8.0+cu12', True), ('2.12.0', False),
+                                                  ('3.0.0', False), (None, False)])
+def test_sinks_on_padding_free_rows_rule(te_version, refused):
+    """TE 2.11 has no attention kernel for GPT-OSS's sinks on THD rows (step 1 fails, stock alike): one rule."""
+    from swift_plt.plugin.arguments import sinks_thd_problem
+    problem = sinks_thd_problem(te_version)
+    assert (problem is not None) == refused
+    assert problem is None or f'Transformer Engine {te_version} has no attention kernel for sinks' in problem
+
+
+def test_gpt_oss_padding_free_is_refused_before_step_1_at_k_gt_1(monkeypatch):
+    """GPT-OSS at K > 1 with padding-free rows (the default) and TE 2.11 stops at the argument checks with the fix;
+    --padding_free false passes, K = 1 is upstream's, a family without sinks is not concerned."""
+    import swift_plt.compat.versions as versions
+    import swift_plt.plugin.register as register
+    monkeypatch.setattr(register, 'plt_model_meta', lambda t: SimpleNamespace(model_type=t + '_plt'))
+    monkeypatch.setattr(versions, 'installed_version', {'transformer_engine': '2.11.0'}.get)
+    with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: --padding_free true .*attention sinks '
+                                         r'\(GPT-OSS\).*use --padding_free false without --packing'):
+        resolve_patch_size(make_args(patch_size=4, model_type='gpt_oss', padding_free=True))
+    assert resolve_patch_size(make_args(patch_size=4, model_type='gpt_oss', padding_free=False)) == 4
+    assert resolve_patch_size(make_args(patch_size=1, model_type='gpt_oss', padding_free=True)) == 1
+    assert resolve_patch_size(make_args(patch_size=4, model_type='qwen3', padding_free=True)) == 4
