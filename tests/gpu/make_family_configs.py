@@ -269,7 +269,8 @@ HY3_PREVIEW = {
 # code. Values: the config.json keys inclusionAI/Ling-V2 writes (tools/convert_dcp_to_safetensors.py) with the values
 # of its BailingMoeV2Config defaults (this checkpoint; 16.3 B parameters) and the model card.
 LING_MINI_20 = {
-    'architectures': ['BailingMoeV2ForCausalLM'], 'attention_dropout': 0.0, 'embedding_dropout': 0.0,
+    'architectures': ['BailingMoeV2ForCausalLM'], 'attention_dropout': 0.0,
+    'auto_map': {'AutoConfig': 'configuration_bailing_moe_v2.BailingMoeV2Config'},  # the modeling entries dropped 'embedding_dropout': 0.0,
     'eos_token_id': 156892, 'first_k_dense_replace': 1, 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 2048,
     'initializer_range': 0.02, 'intermediate_size': 5120, 'max_position_embeddings': 32768,
     'model_type': 'bailing_moe', 'moe_intermediate_size': 512, 'moe_router_enable_expert_bias': True,
@@ -483,9 +484,6 @@ MORE = [n for n in NAMES[4:] if n not in HYBRID + NEW]  # the other `gpt` famili
 GROUPS = dict(default=DEFAULT, more=MORE, hybrid=HYBRID, new=NEW, all=NAMES)
 # model types transformers has no class for -> the tests/harness module that writes out their published modeling code
 HAND_WRITTEN = {'bailing_moe': 'bailing_moe'}
-# their checkpoints' configuration module (remote code, named in config.json's auto_map), as a hub download has it:
-# ms-swift reads config.json through it (trust_remote_code); module name -> class
-REMOTE_CONFIG = {'bailing_moe': ('configuration_bailing_moe_v2', 'BailingMoeV2Config')}
 MULTIMODAL_KEYS = ('text_config', 'vision_config')  # a cut or toy entry of these updates that sub-config
 # ERNIE-4.5-MoE routes by softmax scores plus moe_statics.e_score_correction_bias; megatron-core 0.16.1 adds an expert
 # bias to sigmoid scores only and mcore-bridge 1.6.5 does not load this one, so the stock Megatron model routes
@@ -679,15 +677,13 @@ def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0, layers
         write_qwen3_5_processor(out_dir)
     # the published format, not transformers' re-dump (transformers 5 drops full_attention_interval, which
     # mcore-bridge reads for the hybrids' layer pattern)
-    written = dict(cfg)
-    if cfg['model_type'] in REMOTE_CONFIG:
-        module, cls = REMOTE_CONFIG[cfg['model_type']]
+    with open(os.path.join(out_dir, 'config.json'), 'w') as f:
+        json.dump(cfg, f, indent=2)
+    if 'AutoConfig' in cfg.get('auto_map', {}):  # remote code (Ling 2.0): ms-swift reads config.json through it
+        module, cls = cfg['auto_map']['AutoConfig'].split('.')
         with open(os.path.join(out_dir, module + '.py'), 'w') as f:
             f.write(f'from transformers import PretrainedConfig\n\n\nclass {cls}(PretrainedConfig):\n'
                     f'    model_type = {cfg["model_type"]!r}\n')
-        written['auto_map'] = {'AutoConfig': f'{module}.{cls}'}
-    with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-        json.dump(written, f, indent=2)
     for f in os.listdir(tok_dir):
         if f.startswith(('tokenizer', 'special_tokens')):
             shutil.copy(os.path.join(tok_dir, f), out_dir)
