@@ -1,0 +1,36 @@
+"""PLT at K=4 on the decoders mcore-bridge builds with their own layer spec, attention or bridge (olmoe, glm4,
+minimax_m2, hy_v3, bailing_moe) and on GPT-OSS (attention sinks, a sliding window over patches), in ms-swift's
+Megatron training step on CPU: TP=2 with sequence parallel on packed (THD) rows equals one rank (loss and every
+gradient). Their attention splits over TP where the `gpt` families' does not (QK-norm over all heads' channels,
+Ling's fused QKV regrouped per query group, the sinks per head), and TP=2 splits their experts too. (Every gradient
+against the family's HF model: tests/models/test_families_cpu.py.)"""
+import pytest
+
+from harness.dist import spawn
+from swift_plt.models.families import OWN_MCORE_TYPES
+from swift_plt.tools.tiny_families import make_tiny_family, unavailable
+from test_layouts_cpu import K, VOCAB, _step, assert_same_step, make_micro_batches, pack
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('layouts_own_types_cpu')]
+
+FAMILIES = [*OWN_MCORE_TYPES, 'gpt_oss']
+NO_AUX = {'moe_aux_loss_coeff': 0.0}
+
+
+def plt_type(family):
+    return OWN_MCORE_TYPES.get(family, 'gpt') + '_plt'
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_own_type_packed_tp2_sp_equals_one_rank(family, tmp_path):
+    from harness.bailing_moe import make_tiny_bailing_moe
+    if family != 'bailing_moe' and unavailable(family):  # MiniMax-M2 / Hunyuan-V3 on transformers 4.57
+        pytest.skip(unavailable(family))
+    make = make_tiny_bailing_moe if family == 'bailing_moe' else lambda d, **kw: make_tiny_family(family, d, **kw)
+    hf_dir = make(str(tmp_path), vocab_size=VOCAB)
+    batches = pack(make_micro_batches())
+    one = spawn(_step, 1, hf_dir, plt_type(family), K, batches, None, False, None, NO_AUX)
+    # megatron-core takes biased experts (GPT-OSS) only with expert tensor parallel 1: its experts split over EP=2
+    dims = dict(tp=2, ep=2, etp=1) if family == 'gpt_oss' else dict(tp=2)
+    tp2 = spawn(_step, 2, hf_dir, plt_type(family), K, batches, None, True, None, NO_AUX, **dims)
+    assert_same_step(tp2, one, f'{family} PLT K={K} packed TP2+SP')
