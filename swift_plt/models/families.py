@@ -48,10 +48,10 @@ FAMILIES = {
 # hybrid families -> the mcore-bridge model type that builds them (not `gpt`); PLT registers `<type>_plt` for each
 HYBRID_MCORE_TYPES = {'qwen3_next': 'qwen3_next', 'qwen3_5': 'qwen3_5', 'qwen3_5_moe': 'qwen3_5'}
 # families mcore-bridge builds with their own (non-hybrid) type (layer spec or bridge); PLT registers `<type>_plt`
-# HF model types with attention sinks (learned per-head logits in the softmax)
-ATTENTION_SINK_TYPES = ('gpt_oss', )
 OWN_MCORE_TYPES = {'olmoe': 'olmoe', 'glm4': 'glm4', 'minimax_m2': 'minimax_m2', 'hy_v3': 'hy_v3',
                    'bailing_moe': 'bailing_moe'}
+# HF model types with attention sinks (learned per-head logits in the softmax)
+ATTENTION_SINK_TYPES = ('gpt_oss', )
 # every family not built as `gpt` -> its mcore-bridge type
 FAMILY_MCORE_TYPES = {**HYBRID_MCORE_TYPES, **OWN_MCORE_TYPES}
 # supported families the HF backend (`swift pt/sft`) refuses at K > 1, and why: its PLT model wraps transformers' own

@@ -9,8 +9,8 @@ Nothing is downloaded; the tokenizer is the tiny BPE one.
 Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for each NAME and
 prints parameters and bytes per model. Groups: `default` (DEFAULT: qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut,
 deepseek-v3-cut), `more` (MORE: the other `gpt` families), `hybrid` (HYBRID: the Gated-DeltaNet hybrids Qwen3-Next and
-Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0: mcore-bridge's own decoder
-types and GPT-OSS), `all`. config.json is the published one with only the cut fields changed (so
+Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0: mcore-bridge's own
+decoder types and GPT-OSS), `all`. config.json is the published one with only the cut fields changed (so
 mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and where its
 values come from. Qwen3.5 checkpoints are multimodal (text_config + vision_config, written as
 Qwen3_5[Moe]ForConditionalGeneration, the class named in `architectures`): their cut applies to text_config, and the
@@ -270,7 +270,8 @@ HY3_PREVIEW = {
 # of its BailingMoeV2Config defaults (this checkpoint; 16.3 B parameters) and the model card.
 LING_MINI_20 = {
     'architectures': ['BailingMoeV2ForCausalLM'], 'attention_dropout': 0.0,
-    'auto_map': {'AutoConfig': 'configuration_bailing_moe_v2.BailingMoeV2Config'},  # the modeling entries dropped 'embedding_dropout': 0.0,
+    'auto_map': {'AutoConfig': 'configuration_bailing_moe_v2.BailingMoeV2Config'},  # (its modeling entries dropped)
+    'embedding_dropout': 0.0,
     'eos_token_id': 156892, 'first_k_dense_replace': 1, 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 2048,
     'initializer_range': 0.02, 'intermediate_size': 5120, 'max_position_embeddings': 32768,
     'model_type': 'bailing_moe', 'moe_intermediate_size': 512, 'moe_router_enable_expert_bias': True,
@@ -442,8 +443,8 @@ FAMILIES = {
                                                  vision_config=VISION_CUT), dict(
         text_config=dict(HYBRID_TOY, moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=8,
                          num_experts_per_tok=2), vision_config=VISION_TOY, **TINY_MEDIA_IDS)),
-    # --- mcore-bridge's own decoder types and GPT-OSS (group `new`; GPT-OSS built as `gpt_plt`, the others as mcore-bridge's own
-    # `<type>_plt`) ---
+    # --- mcore-bridge's own decoder types and GPT-OSS (group `new`; GPT-OSS built as `gpt_plt`, the others as
+    # mcore-bridge's own `<type>_plt`) ---
     # 4 of 24 layers (2 sliding-window + 2 full attention), all 32 experts (top-4): 4.4 B. The toy window of 8 tokens
     # is 2 patches at K=4, shorter than the dry run's 64-token rows (the published 128 is 32 patches of 64)
     'gpt-oss-20b-cut': (GPT_OSS_20B, dict(num_hidden_layers=4, layer_types=['sliding_attention', 'full_attention'] * 2),

@@ -260,6 +260,15 @@ TINY_CONFIG = dict(
     router_dtype='fp32', num_nextn_predict_layers=0, tie_word_embeddings=False, initializer_range=0.05)
 
 
+def make_tiny(family: str, out_dir: str, **kw) -> str:
+    """The tiny random-init dir of any family: Ling 2.0's from this module, the others' from
+    ``swift_plt.tools.tiny_families.make_tiny_family``."""
+    if family == MODEL_TYPE:
+        return make_tiny_bailing_moe(out_dir, **kw)
+    from swift_plt.tools.tiny_families import make_tiny_family
+    return make_tiny_family(family, out_dir, **kw)
+
+
 def make_tiny_bailing_moe(out_dir: str, vocab_size: int = 512, seed: int = 0, **overrides) -> str:
     """Write a random-init fp32 Ling 2.0 checkpoint (config.json, model.safetensors in the published names, the
     offline BPE tokenizer of swift_plt.tools.tiny) to ``out_dir``; expert bias and norm weights random, not their

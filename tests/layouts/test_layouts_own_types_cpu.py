@@ -6,10 +6,10 @@ Ling's fused QKV regrouped per query group, the sinks per head), and TP=2 splits
 against the family's HF model: tests/models/test_families_cpu.py.)"""
 import pytest
 
+from harness.bailing_moe import make_tiny
 from harness.dist import spawn
 from swift_plt.compat.transformers import transformers_version
-from swift_plt.models.families import OWN_MCORE_TYPES
-from swift_plt.tools.tiny_families import make_tiny_family
+from swift_plt.models.families import FAMILY_MCORE_TYPES, MCORE_GPT_TYPE, OWN_MCORE_TYPES, plt_mcore_type
 from test_layouts_cpu import K, VOCAB, _step, assert_same_step, make_micro_batches, pack
 
 # the Megatron side under test does not depend on the transformers version: the 5.x tier runs it (on 4.57 two of the
@@ -21,18 +21,13 @@ FAMILIES = [*OWN_MCORE_TYPES, 'gpt_oss']
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
 
-def plt_type(family):
-    return OWN_MCORE_TYPES.get(family, 'gpt') + '_plt'
-
-
 @pytest.mark.parametrize('family', FAMILIES)
 def test_own_type_packed_tp2_sp_equals_one_rank(family, tmp_path):
-    from harness.bailing_moe import make_tiny_bailing_moe
-    make = make_tiny_bailing_moe if family == 'bailing_moe' else lambda d, **kw: make_tiny_family(family, d, **kw)
-    hf_dir = make(str(tmp_path), vocab_size=VOCAB)
+    hf_dir = make_tiny(family, str(tmp_path), vocab_size=VOCAB)
+    plt_type = plt_mcore_type(FAMILY_MCORE_TYPES.get(family, MCORE_GPT_TYPE))
     batches = pack(make_micro_batches())
-    one = spawn(_step, 1, hf_dir, plt_type(family), K, batches, None, False, None, NO_AUX)
+    one = spawn(_step, 1, hf_dir, plt_type, K, batches, None, False, None, NO_AUX)
     # megatron-core takes biased experts (GPT-OSS) only with expert tensor parallel 1: its experts split over EP=2
     dims = dict(tp=2, ep=2, etp=1) if family == 'gpt_oss' else dict(tp=2)
-    tp2 = spawn(_step, 2, hf_dir, plt_type(family), K, batches, None, True, None, NO_AUX, **dims)
+    tp2 = spawn(_step, 2, hf_dir, plt_type, K, batches, None, True, None, NO_AUX, **dims)
     assert_same_step(tp2, one, f'{family} PLT K={K} packed TP2+SP')

@@ -1,7 +1,6 @@
 """PLT on every structure of the mcore-bridge `gpt` families, for real on CPU (tests/harness), fp32: K=4 loss and
 every gradient equal the brute-force PatchTrain formula on the family's own HF model; K=1 through PLT's model type is
 the stock `gpt` model bit for bit."""
-from functools import partial
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from harness.plt_cases import (K, VOCAB, fuse_experts, fuse_gate_up, hf_plt_refe
                                patch_level_hf_config, transformers_names)
 from swift_plt.models.families import FAMILY_MCORE_TYPES
 from swift_plt.models.upstream_differences import GATE_UP_EXPORT
-from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family
+from swift_plt.tools.tiny_families import HYBRID_FAMILIES
 
 pytestmark = pytest.mark.xdist_group('families_cpu')
 
@@ -50,13 +49,12 @@ def family_dirs(tmp_path_factory):
 
 
 def family_dir(family_dirs, tmp_path_factory, family):
-    from harness.bailing_moe import make_tiny_bailing_moe
+    from harness.bailing_moe import make_tiny
     from swift_plt.tools.tiny_families import unavailable
     if family != 'bailing_moe' and unavailable(family):  # Qwen3.5 on transformers 4.57
         pytest.skip(unavailable(family))
     if family not in family_dirs:
-        make = make_tiny_bailing_moe if family == 'bailing_moe' else partial(make_tiny_family, family)
-        family_dirs[family] = make(str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
+        family_dirs[family] = make_tiny(family, str(tmp_path_factory.mktemp(family)), vocab_size=VOCAB)
     return family_dirs[family]
 
 
