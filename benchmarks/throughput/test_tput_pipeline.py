@@ -186,6 +186,10 @@ def test_budget_cut(tmp_path, monkeypatch):
     stale = tmp_path / 'work' / 'probes' / 'plt4_m8_r1.jsonl'  # from an earlier call on the same machine
     stale.parent.mkdir(parents=True)
     stale.write_text('{"step": 1, "t_end": 0.0}\n')
+    other = stale.parent / 'plt4_m4_r9.meta.json'  # a round this call does not run
+    other.write_text('{}')
+    old_out = tmp_path / 'work' / 'runs' / 'plt4_m8_r1' / 'v0-old'  # ms-swift's output dir of the earlier call
+    old_out.mkdir(parents=True)
     t = time.time()
     work, rec, gpu = launch(tmp_path, monkeypatch, ['--rounds', '3', '--rounds-m8', '1', '--lookahead', '2',
                                                    '--deadline', str(t + 4.0), '--turn-secs', '1.5',
@@ -202,7 +206,7 @@ def test_budget_cut(tmp_path, monkeypatch):
     for r in rec['runs']:  # nothing left running
         assert r['state'] in ('done', 'skipped', 'killed')
     assert rec['max_alive_seen'] <= 2
-    assert not stale.exists()
+    assert not stale.exists() and not other.exists() and not old_out.exists()
 
 
 def test_wait_file_gates_the_first_turn(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ ms-swift model type (config.json's model_type), instead of the Llama runs of ``-
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,11 +121,13 @@ class Launcher:
         self.turn_file = os.path.join(a.work, 'turn')
         os.makedirs(os.path.join(a.work, 'runs'), exist_ok=True)
         os.makedirs(os.path.join(a.work, 'probes'), exist_ok=True)
-        for r in self.runs:  # stale records of an earlier call on the same machine would enter the summary
-            for suffix in ('.jsonl', '.jsonl.turn.json', '.jsonl.prof.json', '.meta.json'):
-                p = os.path.join(a.work, 'probes', r.key + suffix)
-                if os.path.exists(p):
-                    os.remove(p)
+        # an earlier call's records on the same machine would enter the summary: its probes (runs of other rounds
+        # too) and its ms-swift output dirs (a rerun adds a v1-... beside the old v0-... logging.jsonl)
+        for f in os.listdir(os.path.join(a.work, 'probes')):
+            if f.endswith(('.jsonl', '.jsonl.turn.json', '.jsonl.prof.json', '.meta.json', 'launch.json')):
+                os.remove(os.path.join(a.work, 'probes', f))
+        for r in self.runs:
+            shutil.rmtree(os.path.join(a.work, 'runs', r.key), ignore_errors=True)
         self.max_alive_seen = 0
         self.longest_turn = 0.0
         self.events = []
