@@ -1,6 +1,6 @@
-"""The two-stage recipe end to end on CPU (tests/harness) for non-Llama families (Qwen3-MoE; the hybrid Qwen3-Next:
-Gated DeltaNet + gated attention, MoE): both stages with the family's own model type, then the export as its plain transformers class (loaded
-with swift-plt disabled, same logits)."""
+"""The two-stage recipe end to end on CPU (tests/harness) for a non-Llama family, the hybrid Qwen3-Next (Gated
+DeltaNet + gated attention, MoE: one run covers both paths): both stages with the family's own model type, then the
+export as its plain transformers class (loaded with swift-plt disabled, same logits)."""
 import json
 import math
 import os
@@ -19,7 +19,6 @@ from harness.tiny import make_jsonl
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('two_stage_families')]
 
 CLASSES = {
-    'qwen3_moe': 'transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeForCausalLM',
     # the hybrid: Gated DeltaNet + gated attention, MoE
     'qwen3_next': 'transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextForCausalLM',
 }
