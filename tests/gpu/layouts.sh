@@ -433,35 +433,31 @@ fi
 
 # ------------------------------------------------------------------------------- 4 GPUs
 if [ "$NGPU" -ge 4 ]; then
-  # all at once (the 1B pair shares GPU 0; a tiny run is mostly start-up): equality does not depend on it, tokens/s
-  # of these runs is with the GPUs shared
-  P4=()
+  # all at once through the matrix's spawn (the 1B pair shares GPU 0; a tiny run is mostly start-up): equality does
+  # not depend on it, tokens/s of these runs is with the GPUs shared
+  PIDS=()
   if want tp4_sp_1b; then
     make_1b
-    say "== reference command: TP=4 + SP, --packing true --streaming true --max_length 8192 --patch_size 4, and the tiny 4-GPU layouts, all at once, $(now)"
+    say "== reference command (TP=4 + SP, --packing --streaming, 8192, K=4) and the tiny 4-GPU layouts, $(now)"
     # shellcheck disable=SC2046
-    (RUN_PORT=29540 run ref_1b 0 300 pt -- $(ARGS_1B) --streaming true >"$W/ref_1b.rc") &
-    P4+=($!)
+    spawn ref_1b 0 300 pt -- $(ARGS_1B) --streaming true
     # shellcheck disable=SC2046
-    (RUN_PORT=29545 run tp4_sp_1b 0,1,2,3 300 pt -- $(ARGS_1B) --streaming true --tensor_model_parallel_size 4 \
-      --sequence_parallel true >"$W/tp4_sp_1b.rc") &
-    P4+=($!)
+    spawn tp4_sp_1b 0,1,2,3 300 pt -- $(ARGS_1B) --streaming true --tensor_model_parallel_size 4 \
+      --sequence_parallel true
   fi
   FOUR_TINY=()
   four() { # four NAME REF LABEL -- args: a tiny 4-GPU layout on GPUs 0-3, compared after the wait
     local name=$1 ref=$2 label=$3
     shift 4
     if want "$name"; then
-      (RUN_PORT=$((29550 + 5 * ${#FOUR_TINY[@]})) run "$name" 0,1,2,3 200 pt -- "${TINY_ARGS[@]}" "$@" \
-        >"$W/$name.rc") &
-      P4+=($!)
+      spawn "$name" 0,1,2,3 200 pt -- "${TINY_ARGS[@]}" "$@"
       FOUR_TINY+=("$name|$ref|$label")
     fi
   }
   four tp2_cp2 ref "TP2+CP2" -- --tensor_model_parallel_size 2 --context_parallel_size 2
   four tp2_pp2_sp ref "TP2+PP2+SP" -- --tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 \
     --sequence_parallel true
-  [ ${#P4[@]} -gt 0 ] && wait "${P4[@]}"
+  [ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"
   if want tp4_sp_1b; then
     say "-- 1 GPU: $(cat "$W/ref_1b.rc"); TP4+SP: $(cat "$W/tp4_sp_1b.rc")"
     compare "reference command TP4+SP vs 1 GPU" ref_1b tp4_sp_1b "$TOK_1B"
