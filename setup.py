@@ -1,12 +1,15 @@
 """swift-plt: patch-level training (PLT) for Megatron-SWIFT. `pip install .` or `pip install -e .`: both put the
 startup hook swift_plt_startup.pth into site-packages (see swift_plt/plugin/import_hook.py)."""
 import os
+import runpy
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 PTH = 'swift_plt_startup.pth'
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the supported upstream versions, read without importing swift_plt (nothing is installed yet)
+SUPPORTED = runpy.run_path(os.path.join(HERE, 'swift_plt', 'compat', 'supported.py'))
 
 
 class BuildPyWithStartupHook(build_py):
@@ -78,16 +81,12 @@ setup(
     name='swift-plt',
     version='0.1.0',
     description='Patch-level training (PLT) for Megatron-SWIFT (ms-swift 4.x)',
-    python_requires='>=3.10',
+    python_requires='>=3.10',  # megatron-core 0.16 on Python 3.10 / 3.11, 0.19 on 3.12
     packages=find_packages(include=['swift_plt', 'swift_plt.*']),
     cmdclass=cmdclass,
     install_requires=[
-        'ms-swift[megatron]>=4.6.0,<4.7',
-        'mcore-bridge>=1.6.0,<1.7',
-        'megatron-core>=0.16.0,<0.17',
-        # 4.57.x and 5.x up to ms-swift 4.6's own cap (transformers<5.20.0); verified 4.57.6 and 5.17 / 5.19.
-        # swift_plt/compat/transformers.py holds the same range (checked at activation) and the 4.x / 5.x RoPE work-around.
-        'transformers>=4.57,<5.20',
+        # ms-swift, mcore-bridge, megatron-core, transformers: swift_plt/compat/supported.py (the one place)
+        *SUPPORTED['install_requires'](),
         'datasets',
         'pyyaml',  # --config of the two-stage recipe (already a dependency of transformers / ms-swift)
         'torch',

@@ -7,10 +7,12 @@ import contextlib
 import functools
 from importlib import metadata
 
+from swift_plt.compat import supported
+
 MIN_VERSION = (4, 57)  # ms-swift 4.6 recommends 4.57.6 (or 5.12.1); older 4.x is not supported by swift-plt
 CAP_VERSION = (5, 20)  # exclusive; ms-swift 4.6.0 requires transformers<5.20.0
-SUPPORTED = '>=4.57,<5.20'  # as in setup.py
-SHOWN = '4.57.x or 5.x below 5.20'
+SUPPORTED = supported.REQUIREMENTS['transformers']
+SHOWN = supported.SHOWN['transformers'][0]
 
 
 def parse_version(text: str) -> tuple:

@@ -1,14 +1,8 @@
-"""The upstream versions swift-plt was verified against, and the check that refuses anything else."""
+"""The check that refuses an upstream stack outside the supported versions (swift_plt/compat/supported.py)."""
 from importlib import metadata
 
-from swift_plt.compat import transformers as hf_compat
+from swift_plt.compat import supported
 
-# distribution -> (verified prefix, human-readable range)
-VERIFIED = {
-    'ms-swift': ('4.6.', '4.6.x'),
-    'mcore-bridge': ('1.6.', '1.6.x'),
-    'megatron-core': ('0.16.', '0.16.x'),
-}
 DISABLE_ENV = 'SWIFT_PLT_DISABLE'
 _checked = set()
 
@@ -20,25 +14,48 @@ def installed_version(dist: str):
         return None
 
 
+def requirement(dist: str) -> str:
+    """The pip specifier of ``dist`` (``ms-swift`` for ``ms-swift[megatron]``)."""
+    return next(spec for name, spec in supported.REQUIREMENTS.items() if name.split('[')[0] == dist)
+
+
+def refusal(dist: str, version: str):
+    """Why ``dist==version`` is refused (None: supported)."""
+    from packaging.specifiers import SpecifierSet  # a dependency of transformers and setuptools
+    from packaging.version import Version
+    shown = supported.SHOWN[dist][0]
+    for prefix, reason in supported.REFUSED.get(dist, {}).items():
+        if version.startswith(prefix):
+            return f'{dist}=={version}: {reason}'
+    if Version(version) not in SpecifierSet(requirement(dist), prereleases=True):
+        return f'{dist}=={version} (supported: {shown})'
+    return None
+
+
+def megatron_core_at_least(release: tuple) -> bool:
+    """True if the installed megatron-core is ``release`` (e.g. ``(0, 18)``) or newer."""
+    from packaging.version import Version
+    version = installed_version('megatron-core')
+    return version is not None and Version(version).release[:len(release)] >= tuple(release)
+
+
 def check_versions(required=('ms-swift', )) -> None:
-    """Raise RuntimeError naming every installed upstream package outside the verified range (packages in
+    """Raise RuntimeError naming every installed upstream package outside the supported range (packages in
     ``required`` must be installed; the others are checked only when present, e.g. no mcore-bridge for HF use)."""
     bad = []
-    for dist, (prefix, shown) in VERIFIED.items():
+    for dist in supported.SHOWN:
         version = installed_version(dist)
         if version is None:
             if dist in required:
-                bad.append(f'{dist} is not installed (need {shown})')
-        elif not version.startswith(prefix):
-            bad.append(f'{dist}=={version} (verified: {shown})')
-    version = installed_version('transformers')  # a range across two majors (swift_plt/compat/transformers.py)
-    if version is not None and not hf_compat.is_supported(hf_compat.parse_version(version)):
-        bad.append(f'transformers=={version} (supported: {hf_compat.SHOWN})')
+                bad.append(f'{dist} is not installed (need {supported.SHOWN[dist][0]})')
+        else:
+            reason = refusal(dist, version)
+            if reason:
+                bad.append(reason)
     if bad:
+        pins = ' '.join(f'"{name}{spec}"' for name, spec in supported.REQUIREMENTS.items())
         raise RuntimeError('swift-plt refuses to patch an unverified stack: ' + '; '.join(bad) +
-                           '. Install the verified versions (pip install "ms-swift[megatron]==4.6.*" '
-                           '"mcore-bridge==1.6.*" "megatron-core==0.16.*" '
-                           f'"transformers{hf_compat.SUPPORTED}"), or set '
+                           f'. Install the supported versions (pip install {pins}), or set '
                            f'{DISABLE_ENV}=1 to run ms-swift without swift-plt.')
 
 

@@ -101,11 +101,12 @@ MCORE_REFUSED = {
                        'attention); not yet verified at patch level. Needed: the recurrence restarted per document '
                        'over patches (as for Gated DeltaNet), proven against the checkpoint\'s own modeling code '
                        '(transformers has no class for it)'),
-    'nemotron_h': ('Nemotron-H: a Mamba-2 hybrid on megatron-core\'s models.hybrid, which megatron-core 0.16.1 does '
-                   'not have (mcore-bridge 1.6.5 registers the type only with it), and Mamba\'s CUDA kernels '
-                   '(mamba_ssm, causal_conv1d); not yet verified at patch level. Needed: that megatron-core, the SSM '
-                   'state and convolution restarted per document over patches (as for Gated DeltaNet), proven '
-                   'against transformers\' NemotronHForCausalLM'),
+    'nemotron_h': ('Nemotron-H: a Mamba-2 hybrid on megatron-core\'s models.hybrid (0.19; mcore-bridge 1.6.5 '
+                   'registers the type only with it). Its MambaMixer needs the mamba-ssm and causal-conv1d CUDA '
+                   'packages (megatron-core raises "MambaSSM is not installed" without them), so neither stock nor '
+                   'PLT builds it on a CPU; not yet verified at patch level. Needed: the SSM state and convolution '
+                   'restarted per document over patches (as for Gated DeltaNet), proven on GPU against transformers\' '
+                   'NemotronHForCausalLM'),
     'deepseek_v4': ('DeepSeek-V4: its compressed sparse attention pools fixed blocks of tokens and its indexer '
                     '(CSAIndexer) chooses which of them each token attends to: choices patch-level training would '
                     'change (as deepseek_v32); its own sliding-window layers (csa_window_size) are not converted to '
@@ -113,7 +114,8 @@ MCORE_REFUSED = {
     'glm_moe_dsa': ('GLM-MoE-DSA: DeepSeek sparse attention; its indexer chooses which tokens each token attends to, '
                     'a choice patch-level training would change (as deepseek_v32)'),
 }
-# registered by mcore-bridge 1.6.5 only with megatron-core's models.hybrid (newer than megatron-core 0.16.1)
+# registered by mcore-bridge 1.6.5 only with megatron-core's models.hybrid: nemotron_h from 0.19, deepseek_v41 with
+# its hyper-connection layers (newer than 0.19.2); 0.16.1 has neither
 MCORE_CONDITIONAL_TYPES = ('nemotron_h', 'deepseek_v41')
 # multimodal types (a vision or audio tower): refused, except qwen3_5 (text-only, HYBRID_MCORE_TYPES)
 MCORE_MULTIMODAL_TYPES = ('deepseek_v41', 'gemma4', 'gemma4_unified', 'glm4v', 'glm4v_moe', 'glm5_next', 'internvl',

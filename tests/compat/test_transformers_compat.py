@@ -32,11 +32,6 @@ def test_supported_range_at_activation(monkeypatch, version, ok):
             versions.check_versions()
 
 
-def test_setup_py_declares_the_same_range():
-    with open(os.path.join(REPO, 'setup.py')) as f:
-        assert f"'transformers{hf_compat.SUPPORTED}'" in f.read()
-
-
 def test_installed_transformers_is_supported():
     assert hf_compat.is_supported(hf_compat.transformers_version())
 

@@ -3,11 +3,13 @@
 Imported lazily by the P3 layer spec (megatron-core 0.16.1 is already imported then).
 """
 import copy
+from functools import partial
 from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.moe.experts import TEGroupedMLP
@@ -27,7 +29,7 @@ class GroupedLinear(MegatronModule):
 
     def __init__(self, num_gemms: int, input_size: int, output_size: int, *, config, init_method, bias: bool,
                  skip_bias_add: bool, is_expert: bool = False, tp_comm_buffer_name: Optional[str] = None,
-                 pg_collection=None):
+                 pg_collection=None, name: Optional[str] = None):  # name: megatron-core >= 0.19
         super().__init__(config=config)
         from megatron.core.tensor_parallel.random import get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
         from megatron.core.transformer.moe.moe_utils import ProcessGroupCollection
@@ -158,16 +160,39 @@ class MLACoreAttention(DotProductAttention):
         return super().forward(query, key, value, *args, **kwargs)
 
 
-def localize_te_specs(block_spec) -> None:
-    """Point the MoE experts and MLA core attention of a local-spec block at the stand-ins above (in place)."""
+def _grouped_mlp_experts():
+    """megatron's ``TEGroupedMLP`` over the stand-in grouped linears, in the form this megatron-core builds experts
+    from: a ``ModuleSpec`` (0.16) or a builder, ``partial(TEGroupedMLP, submodules=GroupedMLPSubmodules(...))``
+    (0.19)."""
+    try:
+        from megatron.core.transformer.moe.experts import GroupedMLPSubmodules
+    except ImportError:  # megatron-core 0.16
+        return ModuleSpec(module=TEGroupedMLP,
+                          submodules=MLPSubmodules(linear_fc1=ColumnParallelGroupedLinear,
+                                                   linear_fc2=RowParallelGroupedLinear))
+    return partial(TEGroupedMLP, submodules=GroupedMLPSubmodules(linear_fc1=ColumnParallelGroupedLinear,
+                                                                 linear_fc2=RowParallelGroupedLinear))
+
+
+def _submodules(spec):
+    """The submodules of a ``ModuleSpec`` or, from megatron-core 0.19 on, of a builder ``partial(cls, submodules=...)``."""
+    if isinstance(spec, partial):
+        return spec.keywords.get('submodules')
+    return getattr(spec, 'submodules', None)
+
+
+def localize_te_specs(block_spec, config=None) -> None:
+    """Point the MoE experts and MLA core attention of a local-spec block at the stand-ins above (in place). Without a
+    Q LoRA, MLA's local-spec ``q_layernorm`` is unused (0.16) or refused (0.19: "non-trivial, but q_lora_rank is
+    None"): it becomes ``IdentityOp``, as TE's spec has it."""
     for layer_spec in block_spec.layer_specs:
         sub = layer_spec.submodules
-        mlp_sub = getattr(getattr(sub, 'mlp', None), 'submodules', None)
+        mlp_sub = _submodules(getattr(sub, 'mlp', None))
         if isinstance(mlp_sub, MoESubmodules):
             # the bridge maps experts to TEGroupedMLP's linear_fc{1,2}.weight{i}, whatever moe_grouped_gemm says
-            mlp_sub.experts = ModuleSpec(
-                module=TEGroupedMLP,
-                submodules=MLPSubmodules(linear_fc1=ColumnParallelGroupedLinear, linear_fc2=RowParallelGroupedLinear))
-        attn_sub = getattr(getattr(sub, 'self_attention', None), 'submodules', None)
+            mlp_sub.experts = _grouped_mlp_experts()
+        attn_sub = _submodules(getattr(sub, 'self_attention', None))
         if isinstance(attn_sub, MLASelfAttentionSubmodules):
             attn_sub.core_attention = MLACoreAttention
+            if config is not None and getattr(config, 'q_lora_rank', None) is None:
+                attn_sub.q_layernorm = IdentityOp

@@ -1,7 +1,9 @@
 """``install()``: make ms-swift's Megatron backend run on a CPU-only machine, in-process.
 
 Written against ms-swift 4.6.0 -> mcore-bridge 1.6.5 -> megatron-core 0.16.1, torch 2.13.0+cpu, transformers 5.19,
-with neither transformer_engine nor triton installed. Every patch the harness applies is listed here; each entry
+with neither transformer_engine nor triton installed; also run on megatron-core 0.19.2 with torch 2.14.1 (Python 3.12),
+where P17 (experts built from a ``partial`` builder), P18 (MLA's Q/KV norm resolver, ``mla_qk_norm_config``) and P22
+(``ssm/gated_delta_net/`` a package) take the 0.19 form. Every patch the harness applies is listed here; each entry
 names the upstream code it changes. All patches are applied lazily, right after the upstream module is imported
 (``_imports.when_imported``), so ``install()`` is cheap and can run from ``sitecustomize`` in every process.
 
@@ -230,7 +232,7 @@ def _patch_model_register(register):
                 vp_stage=vp_stage)
             self._deepcopy_layer_spec(transformer_layer_spec)
         from .moe_mla import localize_te_specs
-        localize_te_specs(transformer_layer_spec)  # P17 / P18
+        localize_te_specs(transformer_layer_spec, self.config)  # P17 / P18
         if self.config.experimental_attention_variant == 'dsa':
             raise NotImplementedError('CPU harness: DSA attention needs the TE layer spec.')
         return transformer_layer_spec
@@ -454,9 +456,16 @@ def _patch_dot_product_attention(dpa):
 
 # --------------------------------------------------------------------------------------------------------- P22
 def _patch_megatron_gated_delta_net(gdn):
+    import sys
+
     from . import hybrid
-    gdn.HAVE_FLA = True  # its constructor refuses to build without fla; the forward used is mcore-bridge's
-    gdn.l2norm, gdn.chunk_gated_delta_rule = hybrid.l2norm, hybrid.chunk_gated_delta_rule
+    # 0.16: the module gated_delta_net.py; 0.19: a package whose constructor checks `common.HAVE_FLA` and whose
+    # `gdn` module imported the kernels by name. The constructor refuses to build without fla; the forward used is
+    # mcore-bridge's.
+    for mod in (gdn, sys.modules.get(gdn.__name__ + '.common'), sys.modules.get(gdn.__name__ + '.gdn')):
+        if mod is not None:
+            mod.HAVE_FLA = True
+            mod.l2norm, mod.chunk_gated_delta_rule = hybrid.l2norm, hybrid.chunk_gated_delta_rule
 
 
 def _patch_gated_delta_net(gdn):
@@ -474,7 +483,7 @@ def _patch_hybrid_specs(specs):
     def get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=None, pp_rank=None):
         block_spec = orig(config, vp_stage, pp_rank)
         from .moe_mla import localize_te_specs
-        localize_te_specs(block_spec)  # P17
+        localize_te_specs(block_spec, config)  # P17
         return block_spec
 
     orig_gdn = specs.get_gated_delta_net_module_spec
@@ -526,6 +535,26 @@ def _patch_multi_latent_attention(mla):
     for name in ('TELinear', 'TEColumnParallelLinear'):
         if not isinstance(getattr(mla, name, None), type):
             setattr(mla, name, _NoTEModule)
+
+
+def _patch_mla_qk_norm_config(qk_norm_config):
+    # megatron-core 0.19: MLA resolves its Q/KV norm and projection classes from the backend of
+    # `config.transformer_impl` ('transformer_engine', whose classes are stand-ins here); the harness's layer spec
+    # is the local backend's, so the resolver gets that one.
+    # Without a Q LoRA it wants linear_q_proj fused with a norm (TE's LayerNormColumnParallelLinear, which the
+    # local backend lacks): the harness keeps the spec's plain linear, as 0.16 built it (docs/model-families.md:
+    # whether TE's fused Q norm changes DeepSeek-V2-Lite-shaped models on 0.19 is a GPU question).
+    from megatron.core.models.backends import LocalSpecProvider
+    qk_norm_config.get_backend = lambda transformer_impl: LocalSpecProvider()
+    resolver = qk_norm_config.QKNormConfigResolver
+    orig = resolver._mla_fused_linear_or_default
+
+    def _mla_fused_linear_or_default(self, module_spec, module_name):
+        if self.fused_norm_linear_impl is None and module_spec is not None:
+            return module_spec
+        return orig(self, module_spec, module_name)
+
+    resolver._mla_fused_linear_or_default = _mla_fused_linear_or_default
 
 
 # --------------------------------------------------------------------------------------------------------- P19
@@ -580,6 +609,7 @@ def install():
         _imports.when_imported('swift.template.base', _patch_pack_as_cp)  # P15
     _imports.when_imported('mcore_bridge.tuners.patcher', _patch_tuners_patcher)  # P16
     _imports.when_imported('megatron.core.transformer.multi_latent_attention', _patch_multi_latent_attention)  # P18
+    _imports.when_imported('megatron.core.transformer.mla_qk_norm_config', _patch_mla_qk_norm_config)  # P18 (0.19)
     _imports.when_imported('megatron.core.transformer.moe.moe_utils', _patch_moe_utils)  # P19, P21
     _imports.when_imported('megatron.core.transformer.moe.token_dispatcher', _patch_token_dispatcher)  # P21
     _imports.when_imported('megatron.core.ssm.gated_delta_net', _patch_megatron_gated_delta_net)  # P22

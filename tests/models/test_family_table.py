@@ -70,13 +70,15 @@ def _registered_types():
 
 
 def test_every_mcore_bridge_type_is_classified():
-    """mcore-bridge 1.6.5 on megatron-core 0.16.1 registers 33 model types; each is a language model PLT builds or
-    refuses with its reason, a multimodal model (vision/audio tower) or an embedding model. nemotron_h and
-    deepseek_v41 are registered only with megatron-core's models.hybrid (not in 0.16.1)."""
+    """mcore-bridge 1.6.5 registers 33 model types on megatron-core 0.16.1 and 34 on 0.19.2 (nemotron_h, on its
+    models.hybrid; deepseek_v41 needs hyper-connection layers 0.19.2 lacks); each is a language model PLT builds or
+    refuses with its reason, a multimodal model (vision/audio tower) or an embedding model."""
+    from swift_plt.compat.versions import megatron_core_at_least
     (registered, ) = spawn(_registered_types, 1)
     families.check_mcore_types(registered)
-    assert len(registered) == 33
-    assert set(families.MCORE_CONDITIONAL_TYPES).isdisjoint(registered)  # megatron-core 0.16.1
+    conditional = ['nemotron_h'] if megatron_core_at_least((0, 19)) else []
+    assert len(registered) == 33 + len(conditional)
+    assert [t for t in families.MCORE_CONDITIONAL_TYPES if t in registered] == conditional
     for t, (hf_types, has_tower) in registered.items():
         assert has_tower == (t in families.MCORE_MULTIMODAL_TYPES), t
         if t in families.MCORE_REFUSED:  # the HF model_type is the type's name (plt_refusal keys on either)
@@ -87,7 +89,7 @@ def test_every_mcore_bridge_type_is_classified():
     # every HF model type of a language-model type is supported or refused with a reason of its own
     llm_hf = {h for t in families.MCORE_LLM_TYPES if t in registered for h in registered[t][0]}
     assert llm_hf == (set(families.FAMILIES) - {'qwen3_5', 'qwen3_5_moe'}) | set(families.REFUSED) | (
-        set(families.MCORE_REFUSED) - set(families.MCORE_CONDITIONAL_TYPES))
+        set(families.MCORE_REFUSED) - (set(families.MCORE_CONDITIONAL_TYPES) - set(registered)))
 
 
 def test_guard_fails_when_mcore_bridge_adds_or_drops_a_type():

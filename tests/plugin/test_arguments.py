@@ -56,7 +56,7 @@ def test_unsupported_models_are_refused_at_k_gt_1(kw, message):
 # each further language-model type of mcore-bridge 1.6.5 -> what its refusal names (Megatron and HF side alike)
 MCORE_REFUSED_MESSAGES = {
     'bailing_hybrid': r'lightning linear attention .* Needed: the recurrence restarted per document over patches',
-    'nemotron_h': r'Mamba-2 hybrid .*megatron-core 0.16.1 does not have .* Needed: ',
+    'nemotron_h': r'Mamba-2 hybrid .*mamba-ssm and causal-conv1d CUDA packages .* Needed: ',
     'deepseek_v4': r'DeepSeek-V4: its compressed sparse attention .*indexer \(CSAIndexer\)',
     'glm_moe_dsa': r'GLM-MoE-DSA: DeepSeek sparse attention; its indexer chooses which tokens',
 }

@@ -37,7 +37,7 @@ def test_startup_hook_does_not_import_heavy_modules():
 def test_version_guard_names_versions(monkeypatch):
     from swift_plt.compat import versions
     monkeypatch.setattr(versions, 'installed_version', lambda d: {'ms-swift': '4.7.0', 'mcore-bridge': '1.6.5'}.get(d))
-    with pytest.raises(RuntimeError, match=r'ms-swift==4.7.0 \(verified: 4.6.x\).*SWIFT_PLT_DISABLE=1'):
+    with pytest.raises(RuntimeError, match=r'ms-swift==4.7.0 \(supported: 4.6.x\).*SWIFT_PLT_DISABLE=1'):
         versions.check_versions()
     with pytest.raises(RuntimeError, match=r'megatron-core is not installed'):
         versions.check_versions(('ms-swift', 'megatron-core'))

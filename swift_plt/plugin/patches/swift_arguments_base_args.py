@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from swift_plt.compat.guard import guard, has_field, swap_class
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.arguments.base_args.base_args'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def _command(args) -> str:

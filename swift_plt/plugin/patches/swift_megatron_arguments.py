@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from swift_plt.compat.guard import guard, has_field, swap_class
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.megatron.arguments.megatron_args'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def apply(module):

@@ -5,10 +5,11 @@ the data are ready then, the model not yet built."""
 import functools
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.megatron.pipelines.train.sft'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def apply(module):

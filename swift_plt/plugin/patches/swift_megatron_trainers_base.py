@@ -5,11 +5,12 @@ one all-reduce (every rank raises together) and one host copy per step.
 import functools
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.trainers.base'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def local_loss_tokens(metrics, device=None):

@@ -5,11 +5,12 @@ rolled by K instead, so targets stay local after the split (docs/parallel-layout
 import functools
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.trainers.utils'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 class _WithoutLabelRoll:

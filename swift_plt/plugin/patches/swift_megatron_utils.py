@@ -4,11 +4,12 @@ parallel, 2*CP, fp8 blocks, fused attention)."""
 import functools
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.megatron.utils.utils'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def apply(module):

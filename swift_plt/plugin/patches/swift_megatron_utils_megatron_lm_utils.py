@@ -6,10 +6,11 @@ import functools
 import os
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.megatron.utils.megatron_lm_utils'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def apply(module):

@@ -8,10 +8,11 @@ stays upstream's: the plugin's types are only used when named.
 import functools
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 
 TARGET = 'swift.model'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def apply(module):

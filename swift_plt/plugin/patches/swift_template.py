@@ -7,11 +7,12 @@ docs/critic_training.md).
 import functools
 
 from swift_plt.compat.guard import guard
+from swift_plt.compat.supported import VERIFIED_STACKS
 from swift_plt.compat.versions import check_once
 from swift_plt.patch_level.patch_size import patch_size_of
 
 TARGET = 'swift.template.base'
-VERIFIED = 'ms-swift 4.6.0'
+VERIFIED = f'ms-swift 4.6.0 on {VERIFIED_STACKS}'
 
 
 def _plt_cp(template) -> int:
