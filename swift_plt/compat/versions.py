@@ -39,6 +39,18 @@ def megatron_core_at_least(release: tuple) -> bool:
     return version is not None and Version(version).release[:len(release)] >= tuple(release)
 
 
+def gdn_context_parallel_problem():
+    """Why the installed megatron-core cannot run a Gated-DeltaNet hybrid under context parallel (None: it can).
+    megatron-core 0.18 added CP to its Gated DeltaNet (an all-to-all from sequence to heads, per document in THD),
+    which mcore-bridge's ``GatedDeltaNet`` (USE_MCORE_GDN=1, the default) runs; 0.16 / 0.17 have none, at any K."""
+    if megatron_core_at_least(supported.HYBRID_CP_MIN_MCORE):
+        return None
+    version = installed_version('megatron-core')
+    return (f'--context_parallel_size > 1 with Gated DeltaNet layers needs megatron-core >= 0.18 (installed: '
+            f'{version}; its Gated DeltaNet has no context parallel, at any K; use tensor, pipeline or expert '
+            'parallel, or megatron-core >= 0.18)')
+
+
 def check_versions(required=('ms-swift', )) -> None:
     """Raise RuntimeError naming every installed upstream package outside the supported range (packages in
     ``required`` must be installed; the others are checked only when present, e.g. no mcore-bridge for HF use)."""

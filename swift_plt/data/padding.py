@@ -20,9 +20,23 @@ def pad_encoded_to(encoded: dict, multiple: int, pad_token_id: int) -> dict:
         for key, value in (('labels', IGNORE_INDEX), ('loss_scale', 0)):
             if encoded.get(key) is not None:
                 encoded[key] = list(encoded[key]) + [value] * n
+        # per-token media type ids of multimodal templates (Qwen3.5's collator adds zeros for a text sample, before
+        # the CP padding): padded as upstream pads them, so they keep the length of input_ids (mRoPE's
+        # get_rope_index indexes them with the attention mask)
+        for key, value in (('mm_token_type_ids', 0), ('image_token_types', -1)):
+            if encoded.get(key) is not None:
+                encoded[key] = _pad_token_values(encoded[key], n, value)
         if encoded.get('length') is not None:
             encoded['length'] += n
     return encoded
+
+
+def _pad_token_values(values, n: int, value):
+    """``values`` (a list or a 1-d tensor, as the template holds them) with ``n`` more entries ``value``."""
+    if isinstance(values, (list, tuple)):
+        return list(values) + [value] * n
+    import torch.nn.functional as F
+    return F.pad(values, (0, n), value=value)
 
 
 # what a multimodal template puts into an encoded sample with images, video or audio

@@ -28,6 +28,7 @@ from swift_plt.patch_level.layout import (
 )
 from swift_plt.patch_level.loss import plt_local_token_losses, plt_token_losses
 from swift_plt.patch_level.patch_size import resolve_patch_size
+from swift_plt.compat.versions import gdn_context_parallel_problem
 
 
 @dataclass
@@ -50,9 +51,10 @@ class PLTModelConfig(ModelConfig):
                 'moe_n_hash_layers (hash routing on token ids)': bool(getattr(self, 'moe_n_hash_layers', 0)),
                 # gated_delta_net: the hybrids' linear attention, which runs over patches (its THD boundaries too)
                 'experimental_attention_variant': self.experimental_attention_variant not in (None, 'gated_delta_net'),
-                # megatron-core 0.16's Gated DeltaNet has no context parallel (mcore-bridge asserts it for Qwen3.5)
-                'context_parallel_size > 1 with Gated DeltaNet layers': (
-                    self.experimental_attention_variant == 'gated_delta_net' and self.context_parallel_size > 1),
+                # megatron-core < 0.18's Gated DeltaNet has no context parallel (0.18 added its all-to-all)
+                'context_parallel_size > 1 with Gated DeltaNet layers (needs megatron-core >= 0.18)': (
+                    self.experimental_attention_variant == 'gated_delta_net' and self.context_parallel_size > 1
+                    and gdn_context_parallel_problem() is not None),
             }
             bad = [k for k, v in unsupported.items() if v]
             if bad:

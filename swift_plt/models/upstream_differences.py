@@ -113,6 +113,8 @@ HY_V3_QK_SIZE = 'toy Hunyuan-V3: logits rel 0.52'
 HY_V3_ROUTER_SIZE = 'toy Hunyuan-V3: logits rel 0.10'
 BAILING_GROUP_SIZE = 'toy Ling 2.0, 2 groups of 4 experts, top-1 group, top-4: logits rel 0.12'
 BAILING_BIAS_SIZE = 'toy Ling 2.0: logits rel {size}'
+MLA_Q_NORM_SIZE = ('DeepSeek-V2-Lite cut on GPU, fp32: K=4 loss rel 5.5e-6 against 1.1e-7 on megatron-core 0.16.1, '
+                   '1.6 % of expert routes differ')
 TAIL = ' — upstream difference, not PLT (stock Megatron does the same at K=1; docs/model-families.md)'
 
 
@@ -150,6 +152,7 @@ def upstream_difference_warnings(hf_config) -> List[str]:
         out += _export_warnings(model_type)
         out += _minimax_m2_warnings(config, model_type)
         out += _hy_v3_warnings(config, model_type) + _bailing_warnings(config, model_type)
+        out += _mla_q_norm_warnings(config, model_type)
         topk = _get(config, 'num_experts_per_tok')
         if model_type == 'deepseek_v2' and _get(config, 'norm_topk_prob') is True and topk and topk > 1:
             out.append(f'[swift-plt] {model_type}: config.json norm_topk_prob=true: Megatron renormalises the '
@@ -315,6 +318,20 @@ def _bailing_warnings(config, model_type) -> List[str]:
                    'output projection none, the checkpoint\'s own code the reverse; '
                    + BAILING_BIAS_SIZE.format(size='0.71') + TAIL)
     return out
+
+
+def _mla_q_norm_warnings(config, model_type) -> List[str]:
+    """MLA without a Q LoRA (``q_lora_rank: null``, e.g. DeepSeek-V2-Lite) on megatron-core >= 0.19: its QK-norm
+    resolver (``transformer/mla_qk_norm_config.py``) builds ``linear_q_proj`` as Transformer Engine's
+    LayerNorm+Linear, a norm on the query input that transformers does not have and the checkpoint does not hold
+    (weight 1); 0.16 builds a plain linear. The one check here that reads the installed megatron-core."""
+    from swift_plt.compat.versions import megatron_core_at_least
+    if (not _get(config, 'kv_lora_rank') or _get(config, 'q_lora_rank') is not None or model_type == 'deepseek'
+            or not megatron_core_at_least((0, 19))):
+        return []
+    return [f'[swift-plt] {model_type}: config.json q_lora_rank=null (MLA without a query LoRA): megatron-core 0.19 '
+            'builds the query projection with a LayerNorm in front (weight 1, not in the checkpoint) that '
+            f'transformers does not have ({MLA_Q_NORM_SIZE}); megatron-core 0.16 has none' + TAIL]
 
 
 def run_hf_config(args):

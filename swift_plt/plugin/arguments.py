@@ -6,6 +6,7 @@ import re
 from typing import Optional
 
 from swift_plt import PLT_MODEL_TYPE
+from swift_plt.compat.versions import gdn_context_parallel_problem
 from swift_plt.models import families
 from swift_plt.patch_level import patch_size as patch_size_rule
 
@@ -111,10 +112,17 @@ def check_plt_supported(args, k: int) -> None:
 
 def hybrid_problems(args) -> list:
     """What a Gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5) cannot do at K > 1. (Its transformers-module path,
-    ``USE_MCORE_GDN=0``, is refused where every family's is: the loader guard, swift_plt.models.megatron_gpt.)"""
+    ``USE_MCORE_GDN=0``, is refused where every family's is: the loader guard, swift_plt.models.megatron_gpt; under
+    CP here too, with upstream's reason.) Context parallel needs megatron-core >= 0.18 (the Gated DeltaNet's
+    all-to-all over patches: tests/layouts/test_layouts_hybrid_cp_cpu.py)."""
     if (getattr(args, 'context_parallel_size', 1) or 1) > 1:
-        return ['--context_parallel_size > 1 (megatron-core 0.16\'s Gated DeltaNet has no context parallel, at any K; '
-                'use tensor, pipeline or expert parallel)']
+        problem = gdn_context_parallel_problem()
+        if problem:
+            return [problem]
+        if os.environ.get('USE_MCORE_GDN', '1').strip().lower() in ('0', 'false', 'no', 'off', 'n', 'f'):
+            # mcore-bridge's transformers-module Gated DeltaNet asserts CP == 1 (at K=1 too)
+            return ['--context_parallel_size > 1 with USE_MCORE_GDN=0 (mcore-bridge\'s transformers-based Gated '
+                    'DeltaNet: "currently does not support context parallel", at any K; unset USE_MCORE_GDN)']
     extra = getattr(args, 'megatron_extra_kwargs', None) or {}
     extra = json.loads(extra) if isinstance(extra, str) else extra
     if extra.get('deterministic_mode') or getattr(args, 'deterministic_mode', False):

@@ -40,8 +40,9 @@
 # counted as failed. Disk: the bf16 dirs of one run, at most (default 21 GB, more 49 GB, new 39 GB).
 # env: OUT, BUDGET, FAMILIES (comma list of make_family_configs.py names or groups; default `default`), LANES,
 # PARITY_CAP (s per model, 240; 420 with hybrids), K1_PRECISIONS (bf16), PRECISIONS (bf16,fp32), PARITY_EXTRA (JSON
-# of extra MegatronArguments fields for parity.py, e.g. '{"moe_grouped_gemm": false}'), FAMILY_WORK (scratch dir,
-# emptied),
+# of extra MegatronArguments fields for parity.py, e.g. '{"moe_grouped_gemm": false}'), PARITY_FLAGS (more parity.py
+# flags, split at spaces, e.g. '--hf-gdn torch': the hybrids' HF reference on transformers' torch Gated DeltaNet, no
+# Triton compile; or '--hf-device cpu'), FAMILY_WORK (scratch dir, emptied),
 # KEEP_MODELS=1, RUN_TPS=1, TPS_MIN_LEFT (s, 240), SWIFT_PLT_GPU_ENV, NGPU, SWIFT_PLT_GPU_DRY_RUN (lib.sh: toy
 # widths, S=64, gloo; 4x the budget and caps; LANES > 1 runs lanes of CPU processes).
 set -o pipefail
@@ -89,6 +90,8 @@ if [ "$DRY" = 1 ]; then
   PARITY_ARGS=(--random-ids --hf64-device cpu --S 64 --precisions fp32 --k1-precisions fp32 --backend gloo
     --mg-kwargs '{"use_cpu_initialization": true, "ddp_backend": "gloo"}')
 fi
+read -r -a PARITY_FLAGS_A <<<"${PARITY_FLAGS:-}"
+PARITY_ARGS+=("${PARITY_FLAGS_A[@]}")
 say "== ${#NAMES[@]} models (${NAMES[*]}) on $LANES GPU lane(s), budget ${BUDGET} s, $(now)"
 
 lane_models() { # lane_models LANE: the names lane LANE runs, in order

@@ -17,7 +17,24 @@
 #            TP2+SP x EP2; deepseek_v3 (MLA) TP2+SP and EP2; qwen3 CP2 THD (only these: LAYOUTS="moe_ep2
 #            moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"); when named in LAYOUTS, qwen3_next
 #            (Gated-DeltaNet hybrid, mcore qwen3_next_plt) TP2+SP and EP2, qwen3_5 TP2+SP and qwen3_5_moe EP2
-#            (mcore qwen3_5_plt): LAYOUTS="next_tp2_sp next_ep2 q35_tp2_sp q35moe_ep2".
+#            (mcore qwen3_5_plt): LAYOUTS="next_tp2_sp next_ep2 q35_tp2_sp q35moe_ep2"; context parallel of the
+#            hybrids (megatron-core >= 0.18), also only when named: qwen3_5 and qwen3_5_moe CP2 (q35_cp2, q35moe_cp2;
+#            on 4 GPUs also TP2 x CP2: q35_tp2_cp2, and TP2+SP x CP2: q35moe_tp2_cp2, each against the same
+#            1-GPU reference; with a hybrid CP layout named, the toy hybrids get 4 linear key heads, TP x CP); a long
+#            document (q35long_cp2: the Qwen3.5-27B cut at its published widths, make_family_configs.py without
+#            --tiny, LONG_LEN=32768 tokens a sample = 8192 patches at K=4, GBS 2, LONG_ITERS steps) at CP2 against
+#            1 GPU, with peak memory (a 1-GPU OOM is reported as such); and a probe, not a check
+#            (q35_stock_cp2_thd): stock Qwen3.5 (K=1, plugin active) padding-free (THD) on fla at CP2 for 2 steps,
+#            its outcome or error line in the summary. The hybrids' Gated DeltaNet (HYBRID_GDN=auto|fla|torch,
+#            default auto): where fla refuses its backward on this GPU and Triton (Hopper with Triton 3.4.0 to
+#            3.7.0, no tilelang: swift_plt.plugin.arguments.fla_hopper_problem) megatron-core's torch path, padded
+#            batches: --padding_free false --megatron_extra_kwargs '{"deterministic_mode": true}' with
+#            NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on every hybrid run (references alike; the summary says which);
+#            else fla's kernels. LAYOUTS="q35_cp2 q35moe_cp2 q35_tp2_cp2 q35moe_tp2_cp2 q35long_cp2
+#            q35_stock_cp2_thd" (the long run: 1 GPU on GPU 3 and CP2 on GPUs 1,2 at once on 4 GPUs, one after
+#            the other on 2). In a CPU dry run CP needs the harness's CP attention (SWIFT_PLT_CPU_CP_ATTENTION=zigzag)
+#            and the long run takes the toy widths and LONG_LEN=256 (Qwen3.5's processor needs qwen_vl_utils and
+#            torchvision there too).
 #   4 GPUs : also the reference command (TP=4 + SP, --packing true --streaming true --max_length 8192
 #            --patch_size 4, 1B shape) against the same command on 1 GPU, and tiny TP2+CP2, TP2+PP2+SP (these four
 #            runs at once, after the tiny 1-GPU reference); in the
@@ -36,6 +53,7 @@
 # "LAYOUTS: OK|FAIL (n/m)".
 # env: OUT, BUDGET (s, default 580), NGPU, LTOL, ITERS (tiny runs, 30), ITERS_1B (30), PAR (4), WARM (3), LAYOUTS (space-separated
 #      subset of the names below; default all that fit the GPUs), HYBRID_CAP (600 s: a hybrid run's cap),
+#      HYBRID_GDN, LONG_LEN (32768), LONG_ITERS (8), LONG_TINY (1: toy widths for the long run),
 #      LLAMA3_TOK (dir with the real Llama-3
 #      tokenizer.json; or LLAMA3_TIKTOKEN=tokenizer.model + LLAMA3_CONVERT=convert_llama3_tokenizer.py to build it;
 #      else the tiny tokenizer is used and the summary says so), LAYOUTS_TEXT (a text file for the 1B data; else
@@ -77,7 +95,9 @@ fi
 FAMILY_LAYOUTS="moe_ep2 moe_tp2_sp moe_pp2 moe_tp2_ep2 mla_tp2_sp mla_ep2 qwen3_cp2"
 # the hybrids' layouts run only when named in LAYOUTS: fla 0.6's Gated DeltaNet backward refuses Triton < 3.7.1 on
 # Hopper GPUs (H100 / H200), and torch 2.11 comes with Triton 3.6 (tests/gpu/README.md, Last results)
-HYBRID_LAYOUTS="next_tp2_sp next_ep2 q35_tp2_sp q35moe_ep2"
+HYBRID_LAYOUTS="next_tp2_sp next_ep2 q35_tp2_sp q35moe_ep2 q35_cp2 q35moe_cp2 q35long_cp2 q35_stock_cp2_thd"
+# the hybrids' 4-GPU layouts (GPUs 0-3), also only when named
+HYBRID_FOUR="q35_tp2_cp2 q35moe_tp2_cp2"
 # the 4-GPU runs of the matrix (GPUs 0-3)
 FOUR_LAYOUTS="moe_ep4 moe_tp2_ep2_dp2 moe_pp2_ep2 moe_ep2_dp2_dopt mla_tp2_ep2 mla_pp2_ep2 critic_tp2_pp2 critic_moe_ep4
   critic_engine_tp2_dp2"
@@ -93,11 +113,46 @@ fi
 want() { [[ " $LAYOUTS " == *" $1 "* ]]; }
 # the most a run may take: 200 s; a hybrid's HYBRID_CAP (600 s: its first step compiles fla's kernels on a cold
 # Triton cache, minutes when several runs compile at once)
-cap_of() { case ${1%%_*} in next | q35 | q35moe) echo "${HYBRID_CAP:-600}" ;; *) echo 200 ;; esac; }
+cap_of() { case ${1%%_*} in next | q35 | q35moe | q35long) echo "${HYBRID_CAP:-600}" ;; *) echo 200 ;; esac; }
 say "layouts: ${LAYOUTS:-(none)}"
 [ "$NGPU" -lt 2 ] && skip "tp2_sp_1b tp2_sp cp2_zigzag_packed cp2_thd cp2_contiguous pp2_vpp2 dp2 critic_dp2 critic_engine_cp2 $FAMILY_LAYOUTS $HYBRID_LAYOUTS" \
   "2-GPU part: needs 2 GPUs, $NGPU visible"
-[ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp $FOUR_LAYOUTS" "4-GPU part: needs 4 GPUs, $NGPU visible"
+[ "$NGPU" -lt 4 ] && skip "tp4_sp_1b tp2_cp2 tp2_pp2_sp $FOUR_LAYOUTS $HYBRID_FOUR" "4-GPU part: needs 4 GPUs, $NGPU visible"
+
+# the hybrids' Gated DeltaNet: fla's kernels, or megatron-core's torch path where fla refuses its backward here
+HYBRID_GDN=${HYBRID_GDN:-auto}
+TORCH_GDN=(--padding_free false --megatron_extra_kwargs '{"deterministic_mode": true}')
+if [[ " $LAYOUTS " == *" next_"* || " $LAYOUTS " == *" q35"* ]]; then
+  if [ "$HYBRID_GDN" = auto ]; then
+    gdn_why=$(python3 - 2>&1 <<'EOF' | tail -1
+import importlib.util
+import torch
+if not torch.cuda.is_available():
+    print('fla (no CUDA)')
+elif importlib.util.find_spec('tilelang') is not None:
+    print('fla (tilelang installed)')
+else:
+    import triton
+    from swift_plt.plugin.arguments import fla_hopper_problem
+    cap = torch.cuda.get_device_capability(0)
+    bad = fla_hopper_problem(cap, triton.__version__)
+    print(f'{"torch" if bad else "fla"} (Triton {triton.__version__}, compute capability {cap[0]}.{cap[1]}'
+          f'{": fla refuses its backward here" if bad else ""})')
+EOF
+    )
+    HYBRID_GDN=${gdn_why%% *}
+    case $HYBRID_GDN in torch | fla) ;; *) gdn_why="fla (could not tell: $gdn_why)" HYBRID_GDN=fla ;; esac
+  else
+    gdn_why="$HYBRID_GDN (HYBRID_GDN given)"
+  fi
+  if [ "$HYBRID_GDN" = torch ]; then
+    say "hybrids' Gated DeltaNet: megatron-core's torch path, padded batches (${TORCH_GDN[*]}, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0) ${gdn_why#* }"
+  else
+    say "hybrids' Gated DeltaNet: fla's kernels, padding-free (THD) rows ${gdn_why#* }"
+  fi
+fi
+# is_hybrid NAME: a hybrid's run (gets the torch path's flags when chosen); the stock THD probe keeps fla
+is_hybrid() { case ${1%%_*} in next | q35 | q35moe | q35long) [ "$1" != q35_stock_cp2_thd ] ;; *) return 1 ;; esac; }
 
 # ------------------------------------------------------------------------------------------------ runs
 TINY_COMMON=(--patch_size 4 --dataset "$TINY/data/train.jsonl" --max_length 512 --attention_backend fused
@@ -132,8 +187,12 @@ CRITIC_ARGS=(--model "$W/critic" --model_type llama3_2_critic --custom_register_
 MOE_CRITIC_ARGS=(--model "$W/moe_critic" --model_type qwen3_moe_critic "${CRITIC_ARGS[@]:4}")
 
 run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, logs $OUT/NAME.log, rc/secs in $R/NAME
-  local name=$1 gpus=$2 capped=$3 cmd=$4 n od f t=$SECONDS rc
+  local name=$1 gpus=$2 capped=$3 cmd=$4 n od f t=$SECONDS rc det=${NVTE_ALLOW_NONDETERMINISTIC_ALGO:-1}
   shift 5
+  if is_hybrid "$name" && [ "$HYBRID_GDN" = torch ]; then # megatron-core's torch Gated DeltaNet: its flags last
+    set -- "$@" "${TORCH_GDN[@]}"
+    det=0 # megatron's TEDotProductAttention refuses deterministic_mode otherwise
+  fi
   n=$(($(echo "$gpus" | tr -cd , | wc -c) + 1))
   od=$R/$name
   rm -rf "$od"
@@ -145,7 +204,7 @@ run() { # run NAME GPUS CAP_S CMD -- args...: megatron CMD (pt|sft) on GPUS, log
   fi
   # own dataset caches: concurrent runs must not race on the same cache files
   CUDA_VISIBLE_DEVICES=$(dev "$gpus") NPROC_PER_NODE=$n MASTER_PORT=${RUN_PORT:-$((29800 + RANDOM % 150))} \
-    HF_DATASETS_CACHE="$W/cache/$name/hf" MODELSCOPE_CACHE="$W/cache/$name/ms" \
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=$det HF_DATASETS_CACHE="$W/cache/$name/hf" MODELSCOPE_CACHE="$W/cache/$name/ms" \
     timeout -k 10 "$(cap "$capped")" megatron "$cmd" "$@" --output_dir "$od" ${EXTRA_PT_ARGS:-} >"$OUT/$name.log" 2>&1
   rc=$?
   echo $rc >"$od/rc"
@@ -321,8 +380,24 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
   for f in moe mla qwen3 next q35 q35moe; do [[ " $LAYOUTS " == *" ${f}_"* ]] && fam_refs+=("$f"); done
   if [ ${#fam_refs[@]} -gt 0 ]; then
     dirs=$(for f in "${fam_refs[@]}"; do echo "${FAM_DIR[$f]}"; done | paste -sd,)
-    python3 tests/gpu/make_family_configs.py --tiny --out "$FAM" --only "$dirs" >"$OUT/make_families.log" 2>&1
-    say "families: rc=$? $dirs (toy widths) -> $FAM; $(now)"
+    # a hybrid under TP2 x CP2 splits its linear key heads over TP x CP (megatron-core's Gated DeltaNet: heads per
+    # rank = heads // TP // CP): where a hybrid's CP layout is named, the toy widths get 4 key / 8 value heads
+    # (else 2 / 4), the rest unchanged, for every layout of that family
+    heads=
+    for l in $LAYOUTS; do case $l in next_*cp2* | q35*cp2*) heads=4 ;; esac; done
+    python3 - --tiny --out "$FAM" --only "$dirs" "$heads" >"$OUT/make_families.log" 2>&1 <<'EOF'
+import sys
+sys.path.insert(0, 'tests/gpu')
+import make_family_configs as mfc
+heads = sys.argv.pop()
+if heads:
+    for name in mfc.HYBRID:
+        toy = mfc.FAMILIES[name][2]
+        (toy['text_config'] if 'text_config' in toy else toy).update(linear_num_key_heads=int(heads),
+                                                                     linear_num_value_heads=2 * int(heads))
+sys.exit(mfc.main(sys.argv[1:]))
+EOF
+    say "families: rc=$? $dirs (toy widths${heads:+; hybrids with $heads linear key heads}) -> $FAM; $(now)"
     g=0
     for f in "${fam_refs[@]}"; do
       base_args "${f}_"
@@ -352,6 +427,9 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "next_ep2|next_ref|qwen3_next (Gated DeltaNet) EP2|--expert_model_parallel_size 2"
     "q35_tp2_sp|q35_ref|qwen3_5 (Gated DeltaNet, multimodal checkpoint, text rows) TP2+SP|--tensor_model_parallel_size 2 --sequence_parallel true"
     "q35moe_ep2|q35moe_ref|qwen3_5_moe (Gated DeltaNet + MoE, multimodal checkpoint) EP2|--expert_model_parallel_size 2"
+    "q35_cp2|q35_ref|qwen3_5 (Gated DeltaNet, multimodal checkpoint, text rows) CP2 zigzag|--context_parallel_size 2"
+    "q35moe_cp2|q35moe_ref|qwen3_5_moe (Gated DeltaNet + MoE, multimodal checkpoint) CP2 zigzag|--context_parallel_size 2"
+    "q35_stock_cp2_thd|-|stock qwen3_5 (K=1, plugin active), padding-free (THD) on fla, CP2, 2 steps (probe)|--context_parallel_size 2 --patch_size 1 --padding_free true --train_iters 2 --lr_warmup_iters 0"
   )
   # the 4-GPU layouts (GPUs 0-3), the same way; the data-parallel size is what the other sizes leave of 4
   [ "$NGPU" -ge 4 ] && MATRIX+=(
@@ -364,8 +442,60 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     "critic_tp2_pp2|critic_ref|critic TP2 x PP2 (scalar rewards)|--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2"
     "critic_moe_ep4|critic_moe_ref|MoE critic (qwen3_moe_critic) EP4 (scalar rewards)|--expert_model_parallel_size 4"
     "critic_engine_tp2_dp2|engine_1gpu|critic engine TP2 x DP2 (MegatronCritic)|"
+    "q35_tp2_cp2|q35_ref|qwen3_5 (Gated DeltaNet, multimodal checkpoint) TP2 x CP2 zigzag|--tensor_model_parallel_size 2 --context_parallel_size 2"
+    "q35moe_tp2_cp2|q35moe_ref|qwen3_5_moe (Gated DeltaNet + MoE, multimodal checkpoint) TP2+SP x CP2 zigzag (megatron-core refuses MoE with TP without SP)|--tensor_model_parallel_size 2 --sequence_parallel true --context_parallel_size 2"
   )
-  gpus_of() { [[ " $FOUR_LAYOUTS " == *" $1 "* ]] && echo 0,1,2,3 || echo 0,1; }
+  gpus_of() { [[ " $FOUR_LAYOUTS $HYBRID_FOUR " == *" $1 "* ]] && echo 0,1,2,3 || echo 0,1; }
+  # the long document (q35long_cp2): the Qwen3.5-27B cut at its published widths (4.1 B; the toy widths in a dry
+  # run or with LONG_TINY=1), LONG_LEN tokens a sample, K=4, GBS 2, at CP2 against 1 GPU: a chain of its own (model
+  # and data, then both runs: at once on GPUs 3 and 1,2 with 4 GPUs, else one after the other), waited for at the end
+  PLONG=
+  if want q35long_cp2; then
+    if [ "${SWIFT_PLT_GPU_DRY_RUN:-0}" = 1 ]; then LONG_TINY=${LONG_TINY:-1} LONG_LEN=${LONG_LEN:-256}; fi
+    LONG_LEN=${LONG_LEN:-32768}
+    LONG_ITERS=${LONG_ITERS:-8}
+    (
+      g1=0 gcp=0,1
+      [ "$NGPU" -ge 4 ] && g1=3 gcp=1,2
+      CUDA_VISIBLE_DEVICES=$(dev $g1) python3 tests/gpu/make_family_configs.py ${LONG_TINY:+--tiny} --out "$W/long" \
+        --only qwen3.5-27b-cut >"$OUT/make_long.log" 2>&1 &&
+        python3 - "$W/long/qwen3.5-27b-cut" "$W/long_docs.jsonl" "$LONG_LEN" >>"$OUT/make_long.log" 2>&1 <<'EOF'
+import json, random, sys
+from transformers import AutoTokenizer
+mdir, out, n_tok = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tok = AutoTokenizer.from_pretrained(mdir)
+words = ('the of and to in is that for it as with was on be by this are or from an at which not but have all can one '
+         'more other were has when there their will if so no into its than them these some may would what time only '
+         'new used two first been any each value list file data object return').split()
+rng = random.Random(0)
+with open(out, 'w') as f:
+    for i in range(16):  # 16 documents, each longer than max_length: --truncation_strategy right cuts them to it
+        doc = []
+        while len(tok(' '.join(doc))['input_ids']) < n_tok + 64:
+            doc += [rng.choice(words) for _ in range(max(64, n_tok // 4))]
+        f.write(json.dumps({'messages': [{'role': 'assistant', 'content': ' '.join(doc)}]}) + '\n')
+print(f'data: 16 documents of > {n_tok} tokens -> {out}')
+EOF
+      echo "rc=$?" >"$W/make_long.rc"
+      LONG_ARGS=(--model "$W/long/qwen3.5-27b-cut" --model_type qwen3_5 --template qwen3_5 --patch_size 4
+        --dataset "$W/long_docs.jsonl" --max_length "$LONG_LEN" --truncation_strategy right --attention_backend fused
+        --micro_batch_size 1 --global_batch_size 2 --seed 42 --lr 3e-4 --min_lr 3e-5 --lr_warmup_iters 2 --bf16 true
+        --torch_dtype bfloat16 --logging_steps 1 --train_iters "$LONG_ITERS" --save_steps 1000000 --no_save_optim true
+        --no_save_rng true --save_safetensors false --dataloader_num_workers 1 --dataset_num_proc 2
+        --report_to tensorboard)
+      if [ "$NGPU" -ge 4 ]; then
+        (RUN_PORT=29570 run q35long_ref $g1 "$(cap_of q35long)" pt -- "${LONG_ARGS[@]}" >"$W/q35long_ref.rc") &
+        (RUN_PORT=29580 run q35long_cp2 $gcp "$(cap_of q35long)" pt -- "${LONG_ARGS[@]}" --context_parallel_size 2 \
+          >"$W/q35long_cp2.rc") &
+        wait
+      else
+        RUN_PORT=29570 run q35long_ref $g1 "$(cap_of q35long)" pt -- "${LONG_ARGS[@]}" >"$W/q35long_ref.rc"
+        RUN_PORT=29580 run q35long_cp2 $gcp "$(cap_of q35long)" pt -- "${LONG_ARGS[@]}" --context_parallel_size 2 \
+          >"$W/q35long_cp2.rc"
+      fi
+    ) &
+    PLONG=$!
+  fi
   n_wave=0 # 2-GPU runs in this wave (the first wave also has the references)
   for entry in "${MATRIX[@]}"; do
     IFS='|' read -r name ref label flags <<<"$entry"
@@ -389,7 +519,7 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     esac
     n_wave=$((n_wave + 1))
   done
-  wait "${PIDS[@]}" $P1B
+  wait "${PIDS[@]}" $P1B $PLONG
   say "-- all runs done, $(now)"
   for f in "$W"/*.rc; do say "   $(basename "$f" .rc): $(cat "$f")"; done
   [ -d "$R/ref" ] && $SUMPY curve "   ref curve" "$R/ref" "$OUT/ref.log" 2>&1 | tee -a "$SUM"
@@ -409,6 +539,15 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
         check cp2_contiguous 1
       fi
       ;;
+    q35_stock_cp2_thd) # a probe (upstream's behaviour at K=1), not a check: its outcome and first error line
+      say "-- probe: $label: $(cat "$W/$name.rc" 2>/dev/null); steps logged: $(grep -c "'iteration'" "$OUT/$name.log")"
+      say "   first AssertionError: $(grep -m1 -E 'AssertionError' "$OUT/$name.log" | cut -c1-300 || echo none)"
+      # the first exception a rank raised (the launcher's ChildFailedError comes last)
+      say "   first rank error: $(grep -m1 -E '^\[rank[0-9]+\]: [A-Za-z_.]*(Error|Exception)\b' "$OUT/$name.log" |
+        cut -c1-300 || echo none)"
+      say "   last error: $(env LOGDIR=$OUT python3 -c 'import sys; sys.path.insert(0, "tests/gpu"); import summarize
+print(summarize.last_error(sys.argv[1]))' "$OUT/$name.log")"
+      ;;
     critic_dp2 | critic_tp2_pp2 | critic_moe_ep4)
       # critic_checks --cp is the generic "n-GPU run vs 1 GPU" check (step-1 value_loss, curve, steps)
       say "-- $label vs 1 GPU"
@@ -425,6 +564,20 @@ if [ "$NGPU" -ge 2 ] && [ -n "$LAYOUTS" ] && ! [ "$LAYOUTS" = stream1b ]; then
     *) compare "$label vs 1 GPU" "$ref" "$name" "$TINY_TOK" ;;
     esac
   done
+  if want q35long_cp2; then
+    say "== long document: qwen3_5 ${LONG_TINY:+toy }cut, $LONG_LEN tokens a sample ($((LONG_LEN / 4)) patches), K=4, GBS 2: $(cat "$W/make_long.rc" 2>/dev/null) $(grep -E '^(model|data):' "$OUT/make_long.log" | tr '\n' ' ')"
+    if [ "$(cat "$R/q35long_ref/rc" 2>/dev/null)" != 0 ] &&
+      grep -q -E 'OutOfMemoryError|CUDA out of memory' "$OUT/q35long_ref.log" 2>/dev/null; then
+      say "-- long document: 1 GPU ran OUT OF MEMORY: $(grep -m1 -o -E '(torch\.OutOfMemoryError|CUDA out of memory)[^|]{0,160}' "$OUT/q35long_ref.log")"
+      rc=0
+      $SUMPY curve "   q35long_cp2 curve" "$R/q35long_cp2" "$OUT/q35long_cp2.log" 2>&1 | tee -a "$SUM" || rc=1
+      $SUMPY tps "q35long_cp2=$R/q35long_cp2:$((2 * LONG_LEN))" --warm "$WARM" 2>&1 | tee -a "$SUM"
+      [ "$(cat "$R/q35long_cp2/rc" 2>/dev/null)" = 0 ] || rc=1
+      check q35long_cp2 $rc
+    else
+      compare "long document, K=4: CP2 vs 1 GPU (peak memory: the TPS lines)" q35long_ref q35long_cp2 $((2 * LONG_LEN))
+    fi
+  fi
   if want tp2_sp_1b; then
     compare "1B shape, --packing --streaming --max_length ${MAXLEN_1B:-8192} K=4: TP2+SP vs 1 GPU" ref_1b tp2_sp_1b \
       "$TOK_1B"

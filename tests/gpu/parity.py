@@ -25,7 +25,10 @@ smallest vocab):
      eager loop. A multimodal checkpoint (Qwen3.5) is run on text only: `model.model` above is its language model
      (inputs_embeds, text position ids), the token-level pass the same on the token embeddings; random ids stay
      below its media token ids. The hybrids' Gated DeltaNet layers run what transformers picks (fla's Triton
-     kernels when flash-linear-attention is installed); an fp64 pass those kernels refuse is reported and skipped.
+     kernels when flash-linear-attention is installed; an fp64 pass those kernels refuse is reported and skipped),
+     or with --hf-gdn torch transformers' own torch code for them (the functions its modeling module bound to fla's
+     kernels at import rebound to the torch ones they wrap: nothing to compile, on a GPU or the CPU, and an fp64
+     reference; `HF GDN` line).
      A sliding window of W tokens (GPT-OSS) is ceil(W / K) patches in the PatchTrain pass (the HF model loaded with
      that sliding_window, tests/harness/plt_cases.patch_level_hf_config) and W tokens in the token-level pass (a
      second load). Each pass times its first PatchTrain forward and the same forward repeated (`timing` lines: the
@@ -35,7 +38,11 @@ smallest vocab):
      (place_model: megatron-core makes the shared-expert gate on the CPU); forward(input_ids, position_ids, labels)
      with labels token-aligned and the first patch -100 (swift_plt.patch_level.layout.mask_first_patch),
      loss = sum(losses * (labels != -100)) / count (ms-swift's loss_func). bf16 params with --attention_backend
-     fused, fp32 params with unfused (cuDNN fused attention has no fp32). A family type must come out as mcore type
+     fused, fp32 params with unfused (cuDNN fused attention has no fp32). A Gated-DeltaNet hybrid's Megatron side
+     runs megatron-core's torch Gated DeltaNet (deterministic_mode, with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 while it
+     is built) where fla refuses its backward on this GPU and Triton (swift_plt.plugin.arguments.fla_hopper_problem:
+     the plugin refuses K > 1 there otherwise), else fla's kernels; a `[parity] Gated DeltaNet path` line and the
+     `built` line (gdn=torch|fla) say which. A family type must come out as mcore type
      `gpt_plt` (PLTGPTModel) at K > 1, a family mcore-bridge builds with its own type as `<mcore type>_plt`
      (swift_plt.models.families.FAMILY_MCORE_TYPES: qwen3_next_plt, olmoe_plt, glm4_plt, minimax_m2_plt, hy_v3_plt,
      bailing_moe_plt: PLTGPTModel; qwen3_5_plt: PLTMultimodalGPTModel). A multimodal checkpoint's
@@ -63,6 +70,7 @@ errors.
 import argparse
 import contextlib
 import gc
+import inspect
 import json
 import os
 import sys
@@ -340,6 +348,36 @@ def hf_plt_numbers(model, lm, ids, K, device):
     return out
 
 
+HF_GDN = 'auto'  # --hf-gdn
+# the functions of transformers' hybrid modeling modules (qwen3_next, qwen3_5, qwen3_5_moe) that
+# use_kernel_func_from_hub_with_fallback binds at import to fla's / causal-conv1d's kernels when those are installed;
+# each wraps (functools.wraps) the module's own torch function, which its GatedDeltaNet.forward calls by this name
+HF_GDN_FUNCS = ('torch_chunk_gated_delta_rule', 'torch_recurrent_gated_delta_rule', 'causal_conv1d_fn',
+                'causal_conv1d_update')
+
+
+def hf_torch_gdn(model):
+    """--hf-gdn torch: the Gated DeltaNet layers of this HF model on transformers' torch code. In the modeling module
+    of each *GatedDeltaNet layer, every HF_GDN_FUNCS name is rebound to the torch function it wraps (for the whole
+    process: only the HF side uses these modules). Returns the rebound names; raises if a layer's module has no
+    torch chunk function after it (another transformers layout: the reference would not be what it says)."""
+    done = set()
+    for m in model.modules():
+        if not type(m).__name__.endswith('GatedDeltaNet'):
+            continue
+        mod = sys.modules[type(m).__module__]
+        for name in HF_GDN_FUNCS:
+            fn = getattr(mod, name, None)
+            if fn is not None and hasattr(fn, '__wrapped__'):
+                setattr(mod, name, inspect.unwrap(fn))
+                done.add(f'{mod.__name__.rsplit(".", 1)[-1]}.{name}')
+        fn = getattr(mod, 'torch_chunk_gated_delta_rule', None)
+        if fn is None or getattr(getattr(fn, '__code__', None), 'co_filename', None) != mod.__file__:
+            raise RuntimeError(f'--hf-gdn torch: {mod.__name__}.torch_chunk_gated_delta_rule is not its own torch '
+                               f'function ({fn!r}): this transformers binds its Gated DeltaNet otherwise')
+    return sorted(done)
+
+
 def hf_references(model_dir, input_ids, K, device, device64):
     """(fp32 numbers on `device`, fp64 numbers on `device64` or None): per load the fp32 pass, then the fp64 pass on
     the same weights. A sliding-window family is loaded twice: with its window in patches for PatchTrain's numbers
@@ -350,6 +388,10 @@ def hf_references(model_dir, input_ids, K, device, device64):
     ref32, ref64 = {}, {} if device64 and device64 != 'none' else None
     for config, parts in loads:
         model = load_hf(model_dir, torch.float32, **config)
+        if HF_GDN == 'torch':
+            rebound = hf_torch_gdn(model)
+            if rebound:
+                say(f'[parity] HF GDN: transformers\' torch code (--hf-gdn torch; rebound: {", ".join(rebound)})')
         for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
             assert getattr(model.config, name) == value, (name, getattr(model.config, name), value)
         ref32.update(hf_pass(model, input_ids, K, device, parts))
@@ -387,6 +429,36 @@ def megatron_init(port, backend='nccl'):
 
 
 MG_KWARGS = {}  # --mg-kwargs: extra MegatronArguments fields (e.g. for the CPU test harness)
+
+
+def gdn_path(model_dir):
+    """(path, why) of a Gated-DeltaNet hybrid's Megatron side: 'fla' (fla's Triton kernels, mcore-bridge's
+    default) or 'torch' (megatron-core's torch Gated DeltaNet, config.deterministic_mode) where fla refuses its
+    backward on this GPU and Triton (swift_plt.plugin.arguments.fla_hopper_problem: Hopper with Triton 3.4.0 to
+    3.7.0, no tilelang). Forward only here, but the plugin refuses K > 1 on such a machine unless the torch path is
+    chosen, so parity checks what trains there. None for the other families."""
+    from swift_plt.models.families import HYBRID_MCORE_TYPES
+    if read_config(model_dir)['model_type'] not in HYBRID_MCORE_TYPES:
+        return None, ''
+    extra = MG_KWARGS.get('megatron_extra_kwargs') or {}
+    extra = json.loads(extra) if isinstance(extra, str) else extra
+    if extra.get('deterministic_mode'):
+        return 'torch', 'deterministic_mode given in --mg-kwargs'
+    if not torch.cuda.is_available():
+        return 'fla', 'no CUDA'
+    import importlib.util
+    if importlib.util.find_spec('tilelang') is not None:
+        return 'fla', 'tilelang installed'
+    try:
+        import triton
+    except ImportError:
+        return 'fla', 'no Triton'
+    from swift_plt.plugin.arguments import fla_hopper_problem
+    problem = fla_hopper_problem(torch.cuda.get_device_capability(torch.cuda.current_device()), triton.__version__)
+    if problem:
+        return 'torch', f'fla refuses its backward here: Triton {triton.__version__} on compute capability ' \
+            f'{".".join(map(str, torch.cuda.get_device_capability(torch.cuda.current_device())))}'
+    return 'fla', f'Triton {triton.__version__}'
 
 
 def target_device():
@@ -444,27 +516,48 @@ def build_megatron(model_dir, model_type, patch_size, dtype, attn, plt_meta=Fals
     kw.update(MG_KWARGS)
     if patch_size is not None:
         kw['patch_size'] = patch_size
+    gdn, why = gdn_path(model_dir)
+    nvte_det = os.environ.get('NVTE_ALLOW_NONDETERMINISTIC_ALGO')
+    if gdn == 'torch':  # megatron-core's torch Gated DeltaNet (padded batches: padding_free=False above)
+        extra = kw.get('megatron_extra_kwargs') or {}
+        extra = json.loads(extra) if isinstance(extra, str) else dict(extra)
+        kw['megatron_extra_kwargs'] = {**extra, 'deterministic_mode': True}
+        # megatron's TEDotProductAttention refuses deterministic_mode unless this is 0 (read at build time)
+        os.environ['NVTE_ALLOW_NONDETERMINISTIC_ALGO'] = '0'
+    if gdn:
+        say(f'[parity] Gated DeltaNet path of the Megatron side: {gdn} '
+            f'({"megatron-core torch, deterministic_mode" if gdn == "torch" else "fla Triton kernels"}; {why})')
     module = mfc.hand_written(read_config(model_dir)['model_type'])
     if module:  # no transformers class: its configuration class (a hub checkpoint brings its own) registered here
         module.register_config()
-    args = MegatronArguments(**kw)
-    if plt_meta:
-        args.megatron_model_meta = family_plt_meta(model_type)
-    if is_multimodal(read_config(model_dir)):  # text only: ms-swift's loader's config, without the processor
-        from transformers import AutoConfig
-        hf_config = AutoConfig.from_pretrained(model_dir)
-        hf_config.name_or_path = model_dir
-    else:
-        hf_config = get_processor(model_dir, model_type=model_type).model_info.config
-    model = get_mcore_model(args, hf_config)[0]
+    try:
+        args = MegatronArguments(**kw)
+        if plt_meta:
+            args.megatron_model_meta = family_plt_meta(model_type)
+        if is_multimodal(read_config(model_dir)):  # text only: ms-swift's loader's config, without the processor
+            from transformers import AutoConfig
+            hf_config = AutoConfig.from_pretrained(model_dir)
+            hf_config.name_or_path = model_dir
+        else:
+            hf_config = get_processor(model_dir, model_type=model_type).model_info.config
+        model = get_mcore_model(args, hf_config)[0]
+    finally:
+        if gdn == 'torch':
+            if nvte_det is None:
+                os.environ.pop('NVTE_ALLOW_NONDETERMINISTIC_ALGO', None)
+            else:
+                os.environ['NVTE_ALLOW_NONDETERMINISTIC_ALGO'] = nvte_det
     model.config.bridge.load_weights([model], model_dir)
     place_model(model, target_device())  # as ms-swift's wrap_model does (.cuda() after the weights are loaded)
     p = next(model.parameters())
     model.eval()
     cfg = model.config
+    if gdn == 'torch' and not getattr(cfg, 'deterministic_mode', False):
+        raise RuntimeError('the torch Gated DeltaNet was asked for, but the model config has deterministic_mode off')
     say(f'[parity] built {type(model).__name__} model_type={model_type} mcore_type={cfg.mcore_model_type} '
         f'patch_size={getattr(cfg, "patch_size", "-")} params={p.dtype} attn={cfg.attention_backend.name} '
-        f'tied={not cfg.untie_embeddings_and_output_weights} experts={cfg.num_moe_experts}')
+        f'tied={not cfg.untie_embeddings_and_output_weights} experts={cfg.num_moe_experts}'
+        f'{"" if gdn is None else " gdn=" + gdn}')
     return args, model
 
 
@@ -649,6 +742,9 @@ def main():
     ap.add_argument('--hf-only', action='store_true', help='reference numbers only (no Megatron; CPU is fine)')
     ap.add_argument('--hf-device', default=None, help='device of the fp32 reference (default cuda if available)')
     ap.add_argument('--hf64-device', default='cpu', help='device of the fp64 reference (cpu, cuda, or none)')
+    ap.add_argument('--hf-gdn', choices=('auto', 'torch'), default='auto',
+                    help="the HF hybrids' Gated DeltaNet: what transformers picks (auto: fla's kernels when "
+                    "installed) or transformers' torch code (torch: no Triton compile, fp64 possible)")
     ap.add_argument('--json', default=None)
     ap.add_argument('--backend', default='nccl', help='torch.distributed backend of the 1-rank group')
     ap.add_argument('--mg-kwargs', default=None, help='JSON dict of extra MegatronArguments fields')
@@ -657,6 +753,8 @@ def main():
         ap.error('--data or --random-ids is required')
     if a.mg_kwargs:
         MG_KWARGS.update(json.loads(a.mg_kwargs))
+    global HF_GDN
+    HF_GDN = a.hf_gdn
     K = a.patch_size
     tags = a.tag or [os.path.basename(os.path.normpath(m)) for m in a.model]
     mtypes = a.model_type or ['auto']
@@ -707,7 +805,7 @@ def main():
                 record(f'[{tag}] swift_plt.patch_level loss on HF logits differs from PatchTrain (rel {pr:.1e})', False)
             tm = [f'{name} first forward {r["timing"]["first_forward_s"]:.2f} s, repeated '
                   f'{r["timing"]["repeat_s"]:.3f} s' for name, r in (('fp32', r32), ('fp64', r64)) if r]
-            gdn = 'fla (Triton)' if 'fla' in sys.modules else 'torch'
+            gdn = 'fla (Triton)' if 'fla' in sys.modules and HF_GDN != 'torch' else 'torch'
             record(f'[{tag}] timing HF PatchTrain K={K} ({gdn} kernels loaded): ' + '; '.join(tm), model=tag,
                    hf_timing={name: r['timing'] for name, r in (('fp32', r32), ('fp64', r64)) if r})
         except Exception as e:

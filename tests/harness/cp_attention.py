@@ -164,7 +164,26 @@ def enable(mode: str = 'zigzag') -> None:
         return spec
 
     loader.get_transformer_layer_spec = get_transformer_layer_spec
+    _patch_hybrid_attention(cls)
     _patch_rope_cp_slice()
+
+
+def _patch_hybrid_attention(cls):
+    """The Gated-DeltaNet hybrids' loaders (mcore-bridge's Qwen3NextLoader with USE_MCORE_GDN=1) build their block
+    from megatron's hybrid block spec, whose full-attention layers come from ``_get_self_attention_module_spec``
+    (the harness's local one, patches.P22): the stand-in becomes their core attention too."""
+    try:
+        from megatron.core.models.gpt import experimental_attention_variant_module_specs as specs
+    except ImportError:
+        return
+    orig = specs._get_self_attention_module_spec
+
+    def _get_self_attention_module_spec(config, backend=None):
+        spec = orig(config, backend)
+        spec.submodules.core_attention = cls
+        return spec
+
+    specs._get_self_attention_module_spec = _get_self_attention_module_spec
 
 
 def _patch_rope_cp_slice():

@@ -166,9 +166,12 @@ def _rel_loss(res):
 
 
 def _warnings(hf_dir):
+    """The start-up warnings of the case's config.json, less megatron-core 0.19's Q norm of MLA without Q LoRA: a
+    Transformer Engine layer the CPU harness builds as 0.16 does (tests/harness/patches.py P18; its warning:
+    test_upstream_differences.py, its size: the GPU check)."""
     import json
     with open(f'{hf_dir}/config.json') as f:
-        return upstream_difference_warnings(json.load(f))
+        return [w for w in upstream_difference_warnings(json.load(f)) if 'q_lora_rank=null' not in w]
 
 
 @pytest.mark.parametrize('case', CASES, ids=IDS)

@@ -270,3 +270,16 @@ def test_warning_for_matrix_differences(config, needle):
         'hy_v3-published', 'hy_v3-bias-only', 'ling-published', 'ling-tiny'])
 def test_no_warning_for_matrix_values_that_agree(config):
     assert upstream_difference_warnings(config) == []
+
+
+@pytest.mark.parametrize('mcore, q_lora_rank, warned', [('0.19.2', None, True), ('0.16.1', None, False),
+                                                        ('0.19.2', 64, False)])
+def test_warning_for_mla_without_q_lora_on_megatron_core_0_19(monkeypatch, mcore, q_lora_rank, warned):
+    """megatron-core 0.19 puts a LayerNorm in front of MLA's query projection when there is no Q LoRA
+    (DeepSeek-V2-Lite); 0.16 and a Q LoRA do not. Measured on GPU (tests/gpu/README.md)."""
+    import swift_plt.compat.versions as versions
+    monkeypatch.setattr(versions, 'installed_version', {'megatron-core': mcore}.get)
+    config = dict(model_type='deepseek_v2', kv_lora_rank=32, q_lora_rank=q_lora_rank)
+    lines = [line for line in upstream_difference_warnings(config) if 'q_lora_rank' in line]
+    assert len(lines) == int(warned)
+    assert not warned or 'megatron-core 0.19 builds the query projection with a LayerNorm' in lines[0]

@@ -137,11 +137,20 @@ def test_hybrid_families_train_at_k_gt_1_through_their_plt_meta(model_type, monk
 
 
 @pytest.mark.parametrize('model_type', ['qwen3_next', 'qwen3_5'])
-def test_hybrid_context_parallel_is_refused_with_why(model_type):
-    """Context parallel (megatron-core 0.16's Gated DeltaNet has none) is refused at K > 1 before step 1; not at K=1."""
-    with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: --context_parallel_size > 1 '
-                       r"\(megatron-core 0.16's Gated DeltaNet has no context parallel"):
-        resolve_patch_size(hybrid_args(model_type, patch_size=4, context_parallel_size=2))
+@pytest.mark.parametrize('mcore, refused', [('0.16.1', True), ('0.17.0', True), ('0.19.2', False)])
+def test_hybrid_context_parallel_needs_megatron_core_0_18(model_type, mcore, refused, monkeypatch):
+    """Context parallel of the Gated DeltaNet (megatron-core >= 0.18) at K > 1: refused before step 1 on an older
+    megatron-core with the reason, accepted on a newer one; never refused at K=1."""
+    import swift_plt.compat.versions as versions
+    monkeypatch.setattr(versions, 'installed_version', {'megatron-core': mcore}.get)
+    args = hybrid_args(model_type, patch_size=4, context_parallel_size=2)
+    if refused:
+        with pytest.raises(ValueError, match=r'--patch_size 4 cannot be used with: --context_parallel_size > 1 with '
+                           rf'Gated DeltaNet layers needs megatron-core >= 0.18 \(installed: {mcore}'):
+            resolve_patch_size(args)
+    else:  # (the K=4 model meta this run then builds is tests/layouts/test_layouts_hybrid_cp_cpu.py's)
+        from swift_plt.plugin.arguments import hybrid_problems
+        assert hybrid_problems(args) == []
     assert resolve_patch_size(hybrid_args(model_type, patch_size=1, context_parallel_size=2)) == 1
 
 
