@@ -114,10 +114,10 @@ def _run_gdn_on_local_slice(cp):
 def _worker(hf_dir, family, cases, mutation=None):
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from harness import cp_attention
     from harness.model import build_mcore_model
+    from harness.train_step import train_step
     from swift.megatron.trainers.utils import prepare_batch
     from swift_plt.plugin.register import plt_model_meta, register_mcore
     cp_attention.enable('zigzag')
@@ -137,30 +137,7 @@ def _worker(hf_dir, family, cases, mutation=None):
     for name, batch in cases:
         packed = name == 'packed'
         data = prepare_batch(_args(cp, packed, family in MULTIMODAL), {k: v.clone() for k, v in batch.items()})
-
-        def forward_step(data_iterator, model):
-            d = next(data_iterator)
-            labels = d['labels']
-            output = model(input_ids=d['input_ids'], position_ids=d['position_ids'],
-                           attention_mask=d['attention_mask'], labels=labels,
-                           packed_seq_params=d.get('packed_seq_params'))
-
-            def loss_func(output_tensor):  # ms-swift MegatronTrainer.loss_func
-                mask = labels != IGN
-                loss = torch.cat([torch.sum(output_tensor.float() * mask).view(1), mask.sum().view(1)])
-                return loss[0].clone(), loss[1].detach().clone().to(torch.int), {'loss': loss.detach().clone()}
-
-            return output, loss_func
-
-        ddp.zero_grad_buffer()
-        res = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([data]), model=[ddp], num_microbatches=1,
-            seq_length=data['input_ids'].shape[-1], micro_batch_size=data['input_ids'].shape[0], forward_only=False)
-        total = res[0]['loss'].clone()
-        torch.distributed.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
-        grads = {n: p.main_grad.clone() for n, p in ddp.module.named_parameters()}
-        out.append({'loss': float(total[0] / total[1]), 'tokens': int(total[1]), 'grads': grads,
-                    'rope': model.config.position_embedding_type})
+        out.append({**train_step(ddp, data), 'rope': model.config.position_embedding_type})
     return out
 
 
