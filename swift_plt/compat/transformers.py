@@ -1,18 +1,11 @@
-"""transformers compatibility in one place: the supported range (as setup.py; ``check_versions`` refuses anything
-else), ``hf_rope_guard`` against mcore-bridge's RoPE-table hazard (docs/hf-backend.md#transformers-versions), and the
+"""transformers compatibility in one place (the supported range: swift_plt/compat/supported.py): its version,
+``hf_rope_guard`` against mcore-bridge's RoPE-table hazard (docs/hf-backend.md#transformers-versions), and the
 critic's HF head: bias-free on 5.x, a zero ``score.bias`` on 4.57.x (``critic_head_has_bias``); the Megatron head is
 bias-free on both, so a non-zero ``score.bias`` is refused (``swift_plt.critic.keys``).
 """
 import contextlib
 import functools
 from importlib import metadata
-
-from swift_plt.compat import supported
-
-MIN_VERSION = (4, 57)  # ms-swift 4.6 recommends 4.57.6 (or 5.12.1); older 4.x is not supported by swift-plt
-CAP_VERSION = (5, 20)  # exclusive; ms-swift 4.6.0 requires transformers<5.20.0
-SUPPORTED = supported.REQUIREMENTS['transformers']
-SHOWN = supported.SHOWN['transformers'][0]
 
 
 def parse_version(text: str) -> tuple:
@@ -24,10 +17,6 @@ def parse_version(text: str) -> tuple:
 def transformers_version() -> tuple:
     """The installed transformers version as a tuple (from the distribution metadata: no transformers import)."""
     return parse_version(metadata.version('transformers'))
-
-
-def is_supported(version: tuple) -> bool:
-    return MIN_VERSION <= tuple(version[:2]) < CAP_VERSION
 
 
 def is_transformers_5(version: tuple = None) -> bool:

@@ -45,10 +45,10 @@ def gdn_context_parallel_problem():
     which mcore-bridge's ``GatedDeltaNet`` (USE_MCORE_GDN=1, the default) runs; 0.16 / 0.17 have none, at any K."""
     if megatron_core_at_least(supported.HYBRID_CP_MIN_MCORE):
         return None
-    version = installed_version('megatron-core')
-    return (f'--context_parallel_size > 1 with Gated DeltaNet layers needs megatron-core >= 0.18 (installed: '
-            f'{version}; its Gated DeltaNet has no context parallel, at any K; use tensor, pipeline or expert '
-            'parallel, or megatron-core >= 0.18)')
+    need = '.'.join(map(str, supported.HYBRID_CP_MIN_MCORE))
+    return (f'--context_parallel_size > 1 with Gated DeltaNet layers needs megatron-core >= {need} (installed: '
+            f'{installed_version("megatron-core")}; its Gated DeltaNet has no context parallel, at any K; use '
+            f'tensor, pipeline or expert parallel, or megatron-core >= {need})')
 
 
 def check_versions(required=('ms-swift', )) -> None:

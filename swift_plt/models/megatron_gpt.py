@@ -16,6 +16,7 @@ from mcore_bridge.model import GPTModel, MultimodalGPTModel
 from mcore_bridge.model.register import ModelLoader
 from megatron.core.transformer.moe.router import TopKRouter as McoreTopKRouter
 
+from swift_plt.compat.versions import gdn_context_parallel_problem
 from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
 from swift_plt.models.window import patch_window_size
 from swift_plt.patch_level.layout import (
@@ -28,7 +29,6 @@ from swift_plt.patch_level.layout import (
 )
 from swift_plt.patch_level.loss import plt_local_token_losses, plt_token_losses
 from swift_plt.patch_level.patch_size import resolve_patch_size
-from swift_plt.compat.versions import gdn_context_parallel_problem
 
 
 @dataclass
