@@ -1,5 +1,6 @@
-"""Which model families have a critic: one row per critic model type, registered from this table by
-swift_plt.plugin.register (ms-swift and mcore-bridge). Imports no torch.
+"""Which model families have a critic: one row per critic model type, derived from the family records
+(``Family.critic``) and registered from this table by swift_plt.plugin.register (ms-swift and mcore-bridge). Imports
+no torch.
 
 A critic is the family's own decoder with a ``[1, H]`` value head; its HF format is the family's transformers
 ``*ForTokenClassification`` with ``num_labels=1``. A family qualifies when mcore-bridge builds it with a loader and
@@ -11,6 +12,7 @@ import difflib
 from typing import NamedTuple, Optional
 
 from swift_plt.critic import CRITIC_MODEL_TYPE
+from swift_plt.families import FAMILIES
 
 
 class CriticFamily(NamedTuple):
@@ -20,26 +22,11 @@ class CriticFamily(NamedTuple):
     mcore_type: str = 'gpt'  # mcore-bridge's model type of the family (its loader and bridge; swift_plt.critic.model)
 
 
-CRITIC_FAMILIES = {
-    CRITIC_MODEL_TYPE: CriticFamily('llama', 'llama3_2', 'llama'),
-    'qwen2_critic': CriticFamily('qwen2', 'qwen', 'llama'),
-    'qwen2_moe_critic': CriticFamily('qwen2_moe', 'qwen', None),
-    'qwen3_critic': CriticFamily('qwen3', 'qwen3', 'llama'),
-    'qwen3_moe_critic': CriticFamily('qwen3_moe', 'qwen3', None),
-    'deepseek_v3_critic': CriticFamily('deepseek_v3', 'deepseek_v2_5', 'deepseek_v2'),
-    # the hybrid Gated-DeltaNet decoder: mcore-bridge's own `qwen3_next` loader and bridge; ms-swift's first template
-    'qwen3_next_critic': CriticFamily('qwen3_next', 'qwen3_nothinking', None, 'qwen3_next'),
-    # multimodal checkpoint (Qwen3_5ForConditionalGeneration): the critic keeps the vision tower as it came and puts
-    # the head on the language model; HF format Qwen3_5ForTokenClassification over the whole (multimodal) config
-    'qwen3_5_critic': CriticFamily('qwen3_5', 'qwen3_5', 'qwen2_vl', 'qwen3_5'),
-}
+# critic model type -> its family, from the family records (``Family.critic``)
+CRITIC_FAMILIES = {f.critic.critic_type: CriticFamily(f.hf_type, f.critic.template, f.critic.model_arch, f.mcore_type)
+                   for f in FAMILIES.values() if f.critic is not None}
 # critic types that are asked for but have no critic, and why (refused by name: unknown_critic_refusal)
-NO_CRITIC = {
-    'qwen3_5_moe_critic': ('Qwen3.5-MoE (`qwen3_5_moe`) has no critic: transformers has no '
-                           'Qwen3_5MoeForTokenClassification (5.19), so a value model of it has no HF format to load '
-                           'or export. Use a dense Qwen3.5 critic (--model_type qwen3_5_critic on a `qwen3_5` '
-                           'checkpoint) or qwen3_next_critic / qwen3_moe_critic.'),
-}
+NO_CRITIC = {f'{f.hf_type}_critic': f.no_critic for f in FAMILIES.values() if f.no_critic}
 CRITIC_REQUIRES = ['transformers>=4.43']
 
 

@@ -51,7 +51,6 @@ Not supported (refused in ``CriticModelConfig`` with a message): MTP, a checkpoi
 model type's (``families.family_refusal``), patch-level training (``--patch_size`` > 1 is refused for critics by
 swift_plt.plugin.arguments).
 """
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -229,34 +228,23 @@ class CriticBridge(CriticBridgeMixin, GPTBridge):
 
 
 def upstream_refusal(critic_type: str, mcore_type: str, upstream) -> str:
-    """None where mcore-bridge's meta of ``mcore_type`` (``upstream``) builds the family with the loader and bridge
-    the critic was verified against, else what differs and what to do."""
-    if upstream is None:
-        return (f'{critic_type}: mcore-bridge has no `{mcore_type}` model type (mcore-bridge 1.6.5 has; with '
-                'USE_MCORE_GDN=0 it registers the hybrids differently): unset USE_MCORE_GDN or update swift-plt.')
-    from swift_plt.compat.mcore_bridge_types import upstream_moved
-    moved = upstream_moved(mcore_type, upstream)
-    if not moved:
-        return None
-    differs = '; '.join(moved)
-    return (f'{critic_type}: mcore-bridge builds `{mcore_type}` differently from what swift-plt was verified against '
-            f'(mcore-bridge 1.6.5, USE_MCORE_GDN=1): {differs}. Unset USE_MCORE_GDN or update swift-plt.')
+    """None where mcore-bridge's meta ``upstream`` of ``mcore_type`` builds the family with the loader and bridge
+    its record names, else what differs and what to do."""
+    from swift_plt.compat.mcore_bridge_meta import upstream_problem
+    problem = upstream_problem(mcore_type, upstream)
+    return f'{critic_type}: {problem}' if problem else None
 
 
-@functools.lru_cache(maxsize=None)
 def critic_loader(upstream_loader):
     """The critic loader over a family's mcore-bridge loader (``CriticModelLoader`` over the default one)."""
-    if upstream_loader is ModelLoader:
-        return CriticModelLoader
-    return type(f'Critic{upstream_loader.__name__}', (CriticLoaderMixin, upstream_loader), {})
+    from swift_plt.compat.mcore_bridge_meta import over
+    return over('Critic', CriticLoaderMixin, upstream_loader, CriticModelLoader)
 
 
-@functools.lru_cache(maxsize=None)
 def critic_bridge(upstream_bridge):
     """The critic bridge over a family's mcore-bridge bridge (``CriticBridge`` over GPTBridge)."""
-    if upstream_bridge is GPTBridge:
-        return CriticBridge
-    return type(f'Critic{upstream_bridge.__name__}', (CriticBridgeMixin, upstream_bridge), {})
+    from swift_plt.compat.mcore_bridge_meta import over
+    return over('Critic', CriticBridgeMixin, upstream_bridge, CriticBridge)
 
 
 def refusing_loader(refusal: str):

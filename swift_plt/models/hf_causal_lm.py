@@ -1,7 +1,7 @@
 """The HF side of PLT: ``plt_causal_lm_class(FamilyForCausalLM)``, the family's own transformers class plus
 ``config.patch_size`` K. K=1: the family's methods as is. K > 1 (training only): pooled patches and the PLT loss on
 unshifted, token-aligned labels, with the Megatron model's functions (``swift_plt.patch_level``); a sliding window of
-W tokens is ceil(W / K) patches (``swift_plt.models.window``); MoE families add their router aux loss over patches;
+W tokens is ceil(W / K) patches (``swift_plt.patch_level.window``); MoE families add their router aux loss over patches;
 ``generate()`` refuses. Saved as the plain family model (docs/hf-backend.md).
 """
 import sys
@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
-from swift_plt.models.window import patch_window
+from swift_plt.patch_level.window import patch_window
 from swift_plt.patch_level import IGNORE_INDEX
 from swift_plt.patch_level.layout import (
     check_patch_aligned,
@@ -107,8 +107,10 @@ class PLTCausalLM:
         return func if flag else None
 
     def _has_linear_attention(self) -> bool:
-        """Gated-DeltaNet layers (Qwen3-Next, Qwen3.5): ``linear_attention`` in the text config's layer types."""
-        return 'linear_attention' in (getattr(self._text_config(), 'layer_types', None) or ())
+        """Gated-DeltaNet layers (Qwen3-Next, Qwen3.5): the family record's flag."""
+        from swift_plt import families
+        family = families.family(getattr(self.config, 'model_type', None))
+        return family is not None and family.linear_attention
 
     def _sync_sliding_window(self, k: int) -> None:
         """The decoder's sliding window (its config's ``sliding_window``, read by the mask, and each attention layer's
@@ -197,8 +199,9 @@ def causal_lm_class(config) -> type:
     text (Qwen3.5) its ``*ForConditionalGeneration``, so the vision tower is loaded and saved as it came."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
-    if getattr(config, 'model_type', None) in TEXT_ONLY_MULTIMODAL:
+    from swift_plt import families
+    family = families.family(getattr(config, 'model_type', None))
+    if family is not None and family.text_only_multimodal:
         return AutoModelForImageTextToText._model_mapping[type(config)]
     return AutoModelForCausalLM._model_mapping[type(config)]
 

@@ -1,5 +1,5 @@
 """The Megatron side of PLT: config, GPTModel and loader for mcore-bridge, for every family of
-swift_plt/models/families.py (`gpt`, OLMoE, the Gated-DeltaNet hybrids) and ``llama3_2_plt``. At K > 1
+swift_plt/families/ (`gpt`, their own types, the Gated-DeltaNet hybrids) and ``llama3_2_plt``. At K > 1
 ``PLTGPTModel`` pools token embeddings into patches, hands upstream's forward patch-level positions, masks and THD
 boundaries (so attention, MLA's RoPE, MoE routing and the Gated DeltaNet's convolution and recurrence run over
 patches; a sliding window of W tokens is ceil(W / K) patches), and returns the PLT loss token-aligned [B, S], so
@@ -16,9 +16,8 @@ from mcore_bridge.model import GPTModel, MultimodalGPTModel
 from mcore_bridge.model.register import ModelLoader
 from megatron.core.transformer.moe.router import TopKRouter as McoreTopKRouter
 
-from swift_plt.compat.versions import gdn_context_parallel_problem
-from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
-from swift_plt.models.window import patch_window_size
+from swift_plt import families
+from swift_plt.patch_level.window import patch_window_size
 from swift_plt.patch_level.layout import (
     check_sequence_parallel_length,
     cp_patch_cu_seqlens,
@@ -44,22 +43,20 @@ class PLTModelConfig(ModelConfig):
             # The CLI already refused these (swift_plt.plugin.arguments); this guards direct API use.
             unsupported = {
                 'mtp_num_layers': bool(self.mtp_num_layers),
-                # a multimodal checkpoint trains its language model on text (families.TEXT_ONLY_MULTIMODAL)
-                'is_multimodal': self.is_multimodal and self.hf_model_type not in TEXT_ONLY_MULTIMODAL,
+                # a multimodal checkpoint trains its language model on text (Family.text_only_multimodal)
+                'is_multimodal': self.is_multimodal and self.hf_model_type not in families.TEXT_ONLY_MULTIMODAL,
                 'task_type != causal_lm': self.task_type != 'causal_lm',
                 # a hash route reads token ids, which a patch does not have
                 'moe_n_hash_layers (hash routing on token ids)': bool(getattr(self, 'moe_n_hash_layers', 0)),
                 # gated_delta_net: the hybrids' linear attention, which runs over patches (its THD boundaries too)
                 'experimental_attention_variant': self.experimental_attention_variant not in (None, 'gated_delta_net'),
-                # megatron-core < 0.18's Gated DeltaNet has no context parallel (0.18 added its all-to-all)
-                'context_parallel_size > 1 with Gated DeltaNet layers (needs megatron-core >= 0.18)': (
-                    self.experimental_attention_variant == 'gated_delta_net' and self.context_parallel_size > 1
-                    and gdn_context_parallel_problem() is not None),
             }
             bad = [k for k, v in unsupported.items() if v]
+            if self.experimental_attention_variant == 'gated_delta_net':
+                bad += families.linear_attention_problems(self.context_parallel_size)
             if bad:
                 raise ValueError(f'patch_size={self.patch_size} (PLT) does not support: {", ".join(bad)}.')
-            # sliding-window layers (GPT-OSS): W tokens -> ceil(W / K) patches (swift_plt.models.window)
+            # sliding-window layers (GPT-OSS): W tokens -> ceil(W / K) patches (swift_plt.patch_level.window)
             self.window_size = patch_window_size(self.window_size, self.patch_size)
             # Pipeline stages exchange [P, B, H], not the [seq_length, B, H] megatron's schedules would assume
             # from `seq_length`: make them communicate shapes (mcore-bridge's default, enforced here).
@@ -238,12 +235,9 @@ class PLTModelLoader(PLTLoaderMixin, ModelLoader):
 
 def plt_loader(mcore_type: str, upstream):
     """The PLT loader over mcore-bridge's meta ``upstream`` of ``mcore_type``, whose loader and bridge must be the ones
-    swift-plt was verified against (swift_plt.compat.mcore_bridge_types)."""
-    from swift_plt.compat.mcore_bridge_types import MCORE_BRIDGE_VERIFIED, upstream_moved
-    moved = upstream_moved(mcore_type, upstream)
-    if moved:
-        raise RuntimeError(f'mcore-bridge builds `{mcore_type}` differently from what swift-plt was verified against '
-                           f'({MCORE_BRIDGE_VERIFIED}): {"; ".join(moved)}. Unset USE_MCORE_GDN or update swift-plt.')
-    if upstream.loader is ModelLoader:
-        return PLTModelLoader
-    return type(f'PLT{upstream.loader.__name__}', (PLTLoaderMixin, upstream.loader), {})
+    the family records name (swift_plt.compat.mcore_bridge_meta)."""
+    from swift_plt.compat.mcore_bridge_meta import over, upstream_problem
+    problem = upstream_problem(mcore_type, upstream)
+    if problem:
+        raise RuntimeError(problem)
+    return over('PLT', PLTLoaderMixin, upstream.loader, PLTModelLoader)

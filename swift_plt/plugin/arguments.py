@@ -5,9 +5,7 @@ import os
 import re
 from typing import Optional
 
-from swift_plt import PLT_MODEL_TYPE
-from swift_plt.compat.versions import gdn_context_parallel_problem
-from swift_plt.models import families
+from swift_plt import PLT_MODEL_TYPE, families
 from swift_plt.patch_level import patch_size as patch_size_rule
 
 PATCH_SIZE_HELP = ('Patch-level training: number of consecutive tokens K pooled into one patch (decoder-only '
@@ -94,9 +92,10 @@ def check_plt_supported(args, k: int) -> None:
                         'attention of these decoders under context parallel assumes the zigzag split; use '
                         '--cp_partition_mode zigzag, the default)')
     meta = getattr(args, 'megatron_model_meta', None)  # (ms-swift has not read config.json yet at this point)
-    if meta is not None and meta.model_type in families.HYBRID_MCORE_TYPES.values():
+    if meta is not None and families.is_linear_attention_mcore_type(meta.model_type):
         problems.extend(hybrid_problems(args))
-    if hf_model_type(args) in families.ATTENTION_SINK_TYPES and getattr(args, 'padding_free', False):
+    family = families.family(hf_model_type(args))
+    if family is not None and family.attention_sinks and getattr(args, 'padding_free', False):
         from swift_plt.compat.versions import installed_version
         problem = sinks_thd_problem(installed_version('transformer_engine'))
         if problem:
@@ -111,18 +110,11 @@ def check_plt_supported(args, k: int) -> None:
 
 
 def hybrid_problems(args) -> list:
-    """What a Gated-DeltaNet hybrid (Qwen3-Next, Qwen3.5) cannot do at K > 1. (Its transformers-module path,
-    ``USE_MCORE_GDN=0``, is refused where every family's is: the loader guard, swift_plt.models.megatron_gpt; under
-    CP here too, with upstream's reason.) Context parallel needs megatron-core >= 0.18 (the Gated DeltaNet's
-    all-to-all over patches: tests/layouts/test_layouts_hybrid_cp_cpu.py)."""
-    if (getattr(args, 'context_parallel_size', 1) or 1) > 1:
-        problem = gdn_context_parallel_problem()
-        if problem:
-            return [problem]
-        if os.environ.get('USE_MCORE_GDN', '1').strip().lower() in ('0', 'false', 'no', 'off', 'n', 'f'):
-            # mcore-bridge's transformers-module Gated DeltaNet asserts CP == 1 (at K=1 too)
-            return ['--context_parallel_size > 1 with USE_MCORE_GDN=0 (mcore-bridge\'s transformers-based Gated '
-                    'DeltaNet: "currently does not support context parallel", at any K; unset USE_MCORE_GDN)']
+    """What a Gated-DeltaNet hybrid (``Family.linear_attention``) cannot do at K > 1: context parallel where the stack
+    has none for it (``families.linear_attention_problems``), fla's backward where this GPU's Triton breaks it."""
+    problems = families.linear_attention_problems(getattr(args, 'context_parallel_size', 1))
+    if problems:
+        return problems
     extra = getattr(args, 'megatron_extra_kwargs', None) or {}
     extra = json.loads(extra) if isinstance(extra, str) else extra
     if extra.get('deterministic_mode') or getattr(args, 'deterministic_mode', False):
@@ -178,6 +170,49 @@ HF_UNSUPPORTED = [
 ]
 
 
+# hybrids whose Gated DeltaNet ms-swift replaces for rows of several documents (swift.model.models.qwen): fla's
+# convolution and recurrence over the documents' boundaries (cu_seq_lens_q, which the PLT model passes at patch level)
+MS_SWIFT_VARLEN_GDN = ('qwen3_5', 'qwen3_5_moe')
+
+
+def packed_hybrid_problem(args, fla_kernels: Optional[bool] = None) -> Optional[str]:
+    """HF backend at K > 1: a Gated-DeltaNet hybrid (``Family.linear_attention``) on padding-free rows (``--packing``
+    or ``--padding_free``) whose Gated DeltaNet would not restart per document, else None. Qwen3.5 restarts with
+    flash-linear-attention's kernels (``fla_kernels``; None: ``gdn_fla_kernels_available()``); transformers' torch
+    fallback ignores the boundaries. Qwen3-Next (transformers 5.19's own forward) hands them to fla's recurrence only:
+    its causal convolution crosses documents with any kernel. CPU proof: tests/models/test_hf_hybrid_packing.py."""
+    if not (getattr(args, 'packing', False) or getattr(args, 'padding_free', False)):
+        return None
+    family = families.family(hf_model_type(args))
+    if family is None or not family.linear_attention:
+        return None
+    rows = f'--packing / --padding_free (rows of several documents) with the Gated-DeltaNet hybrid `{family.hf_type}`'
+    shared = 'so each document would start from the previous one\'s convolution and recurrent state'
+    fix = ('use padded batches (no --packing, --padding_free false), or `megatron pt`, whose Gated DeltaNet restarts '
+           'per document')
+    if family.hf_type not in MS_SWIFT_VARLEN_GDN:
+        return (f'{rows}: transformers\' Gated DeltaNet of it runs its causal convolution across the documents of a '
+                f'row with any kernels (it hands their boundaries to flash-linear-attention\'s recurrence only), '
+                f'{shared}; {fix}')
+    if fla_kernels is None:
+        fla_kernels = gdn_fla_kernels_available()
+    if fla_kernels:
+        return None
+    return (f'{rows} without flash-linear-attention\'s kernels (the fla package and a CUDA GPU): transformers\' torch '
+            f'fallback of the Gated DeltaNet ignores the documents\' boundaries, {shared} (ms-swift itself stops at '
+            f'step 1); install flash-linear-attention on a CUDA machine, or {fix}')
+
+
+def gdn_fla_kernels_available() -> bool:
+    """flash-linear-attention's Gated DeltaNet kernels would run here, not transformers' torch fallback: transformers'
+    test (fla >= 0.2.2 and a CUDA, XPU or MLU device), the one ms-swift's Qwen3.5 forward keys on."""
+    try:
+        from transformers.utils.import_utils import is_flash_linear_attention_available
+    except ImportError:
+        return False
+    return bool(is_flash_linear_attention_available())
+
+
 def resolve_patch_size_hf(args, command: str) -> int:
     """HF-side arguments: ``resolve_patch_size`` plus what only the HF backend needs. ``command``: 'train' (swift
     pt/sft), 'export' (weights do not depend on K: accepted and recorded) or anything else (refused at K > 1)."""
@@ -188,9 +223,9 @@ def resolve_patch_size_hf(args, command: str) -> int:
         raise ValueError(f'--patch_size {k}: a patch-level (PLT) model does not generate token by token, so only '
                          'training (swift pt/sft, megatron pt/sft) and swift export take --patch_size > 1. Use the '
                          'token-level model here: drop --patch_size (checkpoints are saved as the plain model).')
-    model_type = hf_model_type(args)
-    if model_type in families.HF_SIDE_REFUSED:
-        raise ValueError(f'--patch_size {k}: `{model_type}` on the HF backend: {families.HF_SIDE_REFUSED[model_type]}. '
+    family = families.family(hf_model_type(args))
+    if family is not None and family.hf_side_refusal:
+        raise ValueError(f'--patch_size {k}: `{family.hf_type}` on the HF backend: {family.hf_side_refusal}. '
                          'Or use --patch_size 1.')
     problems = [msg for name, is_set, msg in HF_UNSUPPORTED if is_set(getattr(args, name, None))]
     loss_scale = getattr(args, 'loss_scale', None)
@@ -199,6 +234,9 @@ def resolve_patch_size_hf(args, command: str) -> int:
         if not get_loss_scale(loss_scale).is_binary_loss_scale:
             problems.append(f'--loss_scale {loss_scale} (non-binary token weights are applied outside the model; '
                             'use default/all)')
+    packed_hybrid = packed_hybrid_problem(args)
+    if packed_hybrid:
+        problems.append(packed_hybrid)
     if problems:
         raise ValueError(f'--patch_size {k} cannot be used with: ' + '; '.join(problems) + '.')
     return k

@@ -44,7 +44,7 @@ def register_mcore() -> bool:
 def plt_gpt_model_meta():
     """mcore-bridge's meta of ``gpt_plt``: its `gpt` meta (bridge, loader) with ``PLTGPTModel`` and ``PLTModelConfig``;
     no HF model type maps to it, so only ``--patch_size K > 1`` selects it (swift_plt.plugin.arguments)."""
-    from swift_plt.models.families import MCORE_GPT_TYPE
+    from swift_plt.families import MCORE_GPT_TYPE
     return plt_model_meta(MCORE_GPT_TYPE)
 
 
@@ -55,7 +55,7 @@ def plt_model_meta(mcore_type: str):
     (swift_plt.plugin.arguments)."""
     from mcore_bridge.model.register import ModelMeta, get_model_meta, register_model
 
-    from swift_plt.models import families
+    from swift_plt import families
     from swift_plt.models.megatron_gpt import PLTModelConfig, plt_loader
     plt_type = families.plt_mcore_type(mcore_type)
     meta = get_model_meta(plt_type)

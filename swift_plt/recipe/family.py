@@ -5,14 +5,13 @@ import os
 from typing import List, Optional, Sequence
 
 from swift_plt import PLT_MODEL_TYPE
-from swift_plt.models.families import plt_refusal
+from swift_plt.families import FAMILIES, plt_refusal
 from swift_plt.recipe.process import flag_value
 
 # The file ms-swift imports for `--custom_register_path` (registers llama3_2_plt), shipped in the package.
 REGISTER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'custom_register.py')
-# config.json model_type -> ms-swift model type, where they differ (Llama: the design type; ms-swift registers the
-# Kimi-K2 checkpoints under deepseek_v3); every other supported family has an ms-swift type of its own name
-SWIFT_MODEL_TYPES = {'llama': PLT_MODEL_TYPE, 'kimi_k2': 'deepseek_v3'}
+# config.json model_type -> ms-swift model type, where they differ (``Family.swift_type``)
+SWIFT_MODEL_TYPES = {t: f.ms_swift_type for t, f in FAMILIES.items() if f.ms_swift_type != t}
 
 
 def read_config(model_dir: str) -> dict:
@@ -59,7 +58,7 @@ def causal_lm_class(config: dict) -> str:
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
-    from swift_plt.models.families import TEXT_ONLY_MULTIMODAL
+    from swift_plt.families import TEXT_ONLY_MULTIMODAL
     model_type = config.get('model_type')
     names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if model_type in TEXT_ONLY_MULTIMODAL else \
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

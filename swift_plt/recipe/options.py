@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         'plain HF model (e.g. Qwen3ForCausalLM). Every flag not listed here is passed to `megatron pt` in both stages. '
         'Rerun the same command to resume.')
     p.add_argument('--config', help='YAML file whose keys are these flags (the command line wins)')
-    p.add_argument('--model', help='local HF dir to start from (Llama, Qwen3, ...: see swift_plt.models.families); its '
+    p.add_argument('--model', help='local HF dir to start from (Llama, Qwen3, ...: see swift_plt.families); its '
                    'config.json model_type picks --model_type (llama3_2_plt for Llama) unless --model_type is given')
     p.add_argument('--output_dir', help='run dir: stage1_patch/, stage2_token/, hf/, logs/, plan.json')
     p.add_argument('--tokens', help='token budget N: 2000000000, 2e9 or 2B (K/M/B/T = powers of 1000)')

@@ -3,7 +3,7 @@
 weights loaded by mcore-bridge's GPTBridge) against PatchTrain's formula on the family's own HF causal LM
 (AutoModelForCausalLM; a multimodal checkpoint's class from `architectures`; Ling 2.0, which transformers has no
 class for: tests/harness/bailing_moe.py, its published modeling code written out), for any family of
-swift_plt/models/families.py.
+swift_plt/families/.
 
     python3 tests/gpu/parity.py --model DIR [--model DIR2 ...] --data train.jsonl [--json OUT.json]
     python3 tests/gpu/parity.py --model DIR --random-ids --hf64-device cuda      # no tokenizer/text needed
@@ -44,7 +44,7 @@ smallest vocab):
      the plugin refuses K > 1 there otherwise), else fla's kernels; a `[parity] Gated DeltaNet path` line and the
      `built` line (gdn=torch|fla) say which. A family type must come out as mcore type
      `gpt_plt` (PLTGPTModel) at K > 1, a family mcore-bridge builds with its own type as `<mcore type>_plt`
-     (swift_plt.models.families.FAMILY_MCORE_TYPES: qwen3_next_plt, olmoe_plt, glm4_plt, minimax_m2_plt, hy_v3_plt,
+     (swift_plt.families.FAMILY_MCORE_TYPES: qwen3_next_plt, olmoe_plt, glm4_plt, minimax_m2_plt, hy_v3_plt,
      bailing_moe_plt: PLTGPTModel; qwen3_5_plt: PLTMultimodalGPTModel). A multimodal checkpoint's
      HF config is read as ms-swift's loader reads it, without its processor (which needs qwen_vl_utils and
      torchvision, and serves media only). The first forward of each K > 1 model is timed (Triton compiles).
@@ -94,7 +94,7 @@ TOL_REL = {'bf16': 1e-2, 'fp32': 1e-3}  # |megatron - hf fp32| / hf fp32 on the 
 ROUTES_FP32 = 0.01  # fp32 MoE: at most this share of (token, layer) routes may differ from HF fp32 (ties only)
 PLT_TYPE = 'llama3_2_plt'  # swift_plt.PLT_MODEL_TYPE (not imported here: --help must work without the stack)
 STOCK_OF_PLT_TYPE = 'llama'
-GPT_PLT = 'gpt_plt'  # swift_plt.models.families.PLT_GPT_MODEL_TYPE
+GPT_PLT = 'gpt_plt'  # swift_plt.families.PLT_GPT_MODEL_TYPE
 MEDIA_ID_KEYS = ('image_token_id', 'video_token_id', 'vision_start_token_id', 'vision_end_token_id')
 MOE_KWARGS = dict(moe_grouped_gemm=True, moe_router_dtype='fp32', moe_aux_loss_coeff=0.0)
 RESULTS = {'checks': []}
@@ -141,7 +141,7 @@ def id_limit(cfg):
 def expected_plt_build(model_type):
     """(mcore-bridge model type, model class name) a family's K > 1 must be built as: `gpt_plt`, or `<type>_plt` of a
     family mcore-bridge builds with its own type (a hybrid's, OLMoE's, ...: FAMILY_MCORE_TYPES)."""
-    from swift_plt.models.families import FAMILY_MCORE_TYPES, TEXT_ONLY_MULTIMODAL, plt_mcore_type
+    from swift_plt.families import FAMILY_MCORE_TYPES, TEXT_ONLY_MULTIMODAL, plt_mcore_type
     if model_type in FAMILY_MCORE_TYPES:
         cls = 'PLTMultimodalGPTModel' if model_type in TEXT_ONLY_MULTIMODAL else 'PLTGPTModel'
         return plt_mcore_type(FAMILY_MCORE_TYPES[model_type]), cls
@@ -150,7 +150,7 @@ def expected_plt_build(model_type):
 
 def family_plt_meta(model_type):
     """The PLT mcore-bridge meta of a family (`gpt_plt`, or its own type's `<type>_plt`), whatever K is."""
-    from swift_plt.models.families import FAMILY_MCORE_TYPES, MCORE_GPT_TYPE
+    from swift_plt.families import FAMILY_MCORE_TYPES, MCORE_GPT_TYPE
     from swift_plt.plugin.register import plt_model_meta
     return plt_model_meta(FAMILY_MCORE_TYPES.get(model_type, MCORE_GPT_TYPE))
 
@@ -437,7 +437,7 @@ def gdn_path(model_dir):
     backward on this GPU and Triton (swift_plt.plugin.arguments.fla_hopper_problem: Hopper with Triton 3.4.0 to
     3.7.0, no tilelang). Forward only here, but the plugin refuses K > 1 on such a machine unless the torch path is
     chosen, so parity checks what trains there. None for the other families."""
-    from swift_plt.models.families import HYBRID_MCORE_TYPES
+    from swift_plt.families import HYBRID_MCORE_TYPES
     if read_config(model_dir)['model_type'] not in HYBRID_MCORE_TYPES:
         return None, ''
     extra = MG_KWARGS.get('megatron_extra_kwargs') or {}

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from harness.dist import spawn
-from swift_plt.models.families import HYBRID_MCORE_TYPES
+from swift_plt.families import HYBRID_MCORE_TYPES
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family, unavailable
 
 pytestmark = pytest.mark.xdist_group('layouts_hybrid_cp_cpu')

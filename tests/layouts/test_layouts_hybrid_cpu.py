@@ -7,7 +7,7 @@ tests/models/test_families_cpu.py.)"""
 import pytest
 
 from harness.dist import spawn
-from swift_plt.models.families import HYBRID_MCORE_TYPES
+from swift_plt.families import HYBRID_MCORE_TYPES
 from swift_plt.tools.tiny_families import HYBRID_FAMILIES, make_tiny_family, unavailable
 from test_layouts_cpu import K, VOCAB, _loss, _step, assert_same_step, brute_force_plt_loss, make_micro_batches, pack
 

@@ -9,7 +9,7 @@ import pytest
 from harness.bailing_moe import make_tiny
 from harness.dist import spawn
 from swift_plt.compat.transformers import transformers_version
-from swift_plt.models.families import FAMILY_MCORE_TYPES, MCORE_GPT_TYPE, OWN_MCORE_TYPES, plt_mcore_type
+from swift_plt.families import FAMILY_MCORE_TYPES, MCORE_GPT_TYPE, OWN_MCORE_TYPES, plt_mcore_type
 from test_layouts_cpu import K, VOCAB, _step, assert_same_step, make_micro_batches, pack
 
 # the Megatron side under test does not depend on the transformers version: the 5.x tier runs it (on 4.57 two of the

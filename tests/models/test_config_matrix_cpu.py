@@ -8,7 +8,7 @@ forward pass, one toy-width fp32 case per value that matters (``make_tiny_family
 Every case runs in ONE spawned rank (module fixture ``results``); the tests read its results. A case marked
 ``UPSTREAM`` is where mcore-bridge 1.6.5 / megatron-core 0.16.1 themselves compute something other than transformers
 (stock at K=1 too): its test asserts that the difference exists (not a skip), and
-``swift_plt/models/upstream_differences.py`` warns about it before step 1 (asserted here as well). ``REFUSED``: the
+``swift_plt/families/upstream.py`` warns about it before step 1 (asserted here as well). ``REFUSED``: the
 stock conversion fails loudly (asserted). Each case's HF logits must also differ from its family's base case (the
 option changes the forward pass, so the case tests something), unless marked ``same_as_base``."""
 import pytest
@@ -16,9 +16,9 @@ import torch
 
 from harness.dist import spawn
 from harness.plt_cases import K, VOCAB, make_batch
-from swift_plt.models.families import FAMILY_MCORE_TYPES
+from swift_plt.families import FAMILY_MCORE_TYPES
 from swift_plt.compat.transformers import is_transformers_5
-from swift_plt.models.upstream_differences import upstream_difference_warnings
+from swift_plt.families.upstream import upstream_difference_warnings
 from swift_plt.tools.tiny_families import make_tiny_family
 
 pytestmark = pytest.mark.xdist_group('config_matrix_cpu')

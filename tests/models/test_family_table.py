@@ -1,8 +1,8 @@
-"""The family table (swift_plt/models/families.py) against the installed mcore-bridge, and its upstream guard."""
+"""The family table (swift_plt/families/) against the installed mcore-bridge, and its upstream guard."""
 import pytest
 
 from harness.dist import spawn
-from swift_plt.models import families
+from swift_plt import families
 
 
 def _gpt_types():

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from swift_plt import PLT_MODEL_TYPE
-from swift_plt.models import families
+from swift_plt import families
 from swift_plt.plugin.arguments import resolve_patch_size, resolve_patch_size_hf
 
 
@@ -63,7 +63,7 @@ MCORE_REFUSED_MESSAGES = {
 
 
 def test_every_refused_mcore_type_has_a_message_here():
-    from swift_plt.models import families
+    from swift_plt import families
     assert set(MCORE_REFUSED_MESSAGES) == set(families.MCORE_REFUSED)
 
 

@@ -96,7 +96,7 @@ def test_export_logits_equal_the_stage2_checkpoint(run):
     assert run['proc'].returncode == 0, run['proc'].stdout[-5000:]
     ck2 = os.path.join(run['out'], 'stage2_token', 'checkpoint-3')
     ids = torch.randint(4, 512, (2, 24), generator=torch.Generator().manual_seed(0))
-    from swift_plt.models.families import FAMILY_MCORE_TYPES
+    from swift_plt.families import FAMILY_MCORE_TYPES
     mcore_type = FAMILY_MCORE_TYPES.get(run['family'], 'gpt')
     ((mg, hf), ) = spawn(_logits_worker, 1, run['model'], [(ck2, os.path.join(run['out'], 'hf'))], ids,
                          mcore_type)[0]

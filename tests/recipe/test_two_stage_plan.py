@@ -388,7 +388,7 @@ def test_stage_commands_use_the_family_model_type(family_model_dir, tmp_path, mo
 def test_every_family_has_the_ms_swift_model_type_the_steps_pass():
     from swift.model import MODEL_MAPPING
 
-    from swift_plt.models.families import FAMILIES
+    from swift_plt.families import FAMILIES
     from swift_plt.plugin.register import register_swift
     from swift_plt.recipe.family import swift_model_type
     register_swift()  # llama3_2_plt: what the register file does in the stages

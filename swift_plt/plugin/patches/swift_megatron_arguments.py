@@ -1,7 +1,7 @@
 """ms-swift ``MegatronArguments``: adds ``--patch_size`` and ``--value_clip_range`` (critic).
 ``_init_distributed`` (the end of upstream ``__post_init__``): resolves and checks both before torch.distributed starts,
 and logs (rank 0) where the stock Megatron model differs from transformers for this config.json
-(``swift_plt.models.upstream_differences``).
+(``swift_plt.families.upstream``).
 On import, registers the plugin's model types with mcore-bridge (``register_megatron``), which this module imports.
 """
 from dataclasses import dataclass, field
@@ -25,7 +25,7 @@ def apply(module):
     guard(upstream, '__post_init__', ['self'], VERIFIED)
     guard(upstream, '_init_distributed', ['self'], VERIFIED)
     from swift_plt.critic.arguments import VALUE_CLIP_RANGE_HELP, resolve_critic_args
-    from swift_plt.models.upstream_differences import warn_upstream_differences
+    from swift_plt.families.upstream import warn_upstream_differences
     from swift_plt.plugin.arguments import PATCH_SIZE_HELP, resolve_patch_size
 
     @dataclass
