@@ -23,7 +23,8 @@ def upstream_moved(mcore_type: str, upstream) -> list:
 
 
 def upstream_problem(mcore_type: str, upstream) -> Optional[str]:
-    """None where mcore-bridge's meta ``upstream`` of ``mcore_type`` is as verified, else what differs and what to do."""
+    """None where mcore-bridge's meta ``upstream`` of ``mcore_type`` is as verified, else what differs and what to
+    do."""
     if upstream is None:
         return (f'mcore-bridge has no `{mcore_type}` model type ({MCORE_BRIDGE_VERIFIED} has; with USE_MCORE_GDN=0 it '
                 'registers the hybrids differently): unset USE_MCORE_GDN or update swift-plt.')

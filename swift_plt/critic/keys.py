@@ -28,12 +28,11 @@ there are refused by megatron's dist-checkpointing itself (strict load); it does
 import functools
 import json
 import re
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 HEAD_KEY = 'score.weight'
 HEAD_BIAS_KEY = 'score.bias'
 HF_ARCHITECTURE = 'LlamaForTokenClassification'  # of llama3_2_critic; other families: token_classification_class
-DEFAULT_MODEL_TYPE = 'llama'  # a config without `model_type` (the first critic's family)
 LM_HEAD_KEY = 'lm_head.weight'
 IGNORED_SUFFIXES = ('rotary_emb.inv_freq', )
 CONVERT_HINT = ('Critics saved by TRL (v_head.summary.*), OpenRLHF (value_head.weight) or verl (lm_head.weight [1, H]) '
@@ -55,7 +54,7 @@ def text_field(config, name):
 def config_dict(config) -> dict:
     """An HF config (object or config.json dict) as a dict with its ``model_type`` (default: llama)."""
     config = dict(config) if isinstance(config, dict) else config.to_dict()
-    config['model_type'] = config.get('model_type') or DEFAULT_MODEL_TYPE
+    config['model_type'] = config.get('model_type') or default_model_type()
     return config
 
 
@@ -79,8 +78,19 @@ def trunk_shapes(config) -> Dict[str, Tuple[int, ...]]:
     return dict(_trunk(json.dumps(config_dict(config), sort_keys=True, default=str))[0])
 
 
-# what transformers 5.x's class ignores on load and 4.57's does not list: DeepSeek-V3's multi-token-prediction layer
-IGNORED_ON_LOAD = {'deepseek_v3': (r'model\.layers\.61.*', )}
+def default_model_type() -> str:
+    """The family of a config without ``model_type``: the first critic's (``CRITIC_MODEL_TYPE``)."""
+    from swift_plt.critic import CRITIC_MODEL_TYPE
+    from swift_plt.critic.families import CRITIC_FAMILIES
+    return CRITIC_FAMILIES[CRITIC_MODEL_TYPE].hf_model_type
+
+
+def ignored_on_load(model_type) -> Tuple[str, ...]:
+    """What transformers 5.x's class of the family ignores on load and 4.57's does not list
+    (``Critic.ignored_on_load``)."""
+    from swift_plt import families
+    family = families.family(model_type)
+    return family.critic.ignored_on_load if family is not None and family.critic is not None else ()
 
 
 def ignored_patterns(config) -> Tuple[str, ...]:
@@ -90,7 +100,7 @@ def ignored_patterns(config) -> Tuple[str, ...]:
 
 def llama_trunk_shapes(config) -> Dict[str, Tuple[int, ...]]:
     """``trunk_shapes`` of a Llama config (object or dict, ``model_type`` taken as llama)."""
-    return trunk_shapes({**config_dict(config), 'model_type': 'llama'})
+    return trunk_shapes({**config_dict(config), 'model_type': default_model_type()})
 
 
 @functools.lru_cache(maxsize=16)
@@ -126,7 +136,7 @@ def _listed(keys: Iterable[str], limit: int = 20) -> str:
 def check_critic_keys(shapes: Dict[str, Sequence[int]], hf_config, source: str = 'checkpoint') -> str:
     """Validate a checkpoint's ``{key: shape}`` for the critic; return 'loaded' (the value head is in it) or
     'missing' (a causal LM: the caller initialises the head). Raise ValueError (what is wrong, what to do)."""
-    patterns = ignored_patterns(hf_config) + IGNORED_ON_LOAD.get(_cfg(hf_config, 'model_type'), ())
+    patterns = ignored_patterns(hf_config) + ignored_on_load(_cfg(hf_config, 'model_type'))
     ignored = [re.compile(p) for p in patterns]
     shapes = {k: tuple(v) for k, v in shapes.items()
               if not k.endswith(IGNORED_SUFFIXES) and not any(p.search(k) for p in ignored)}
@@ -227,11 +237,12 @@ def classify_mcore_checkpoint(head_shape, hidden_size: int, source: str) -> str:
 FOLDED_CONFIG_KEYS = ('normalize_reward', 'mean', 'std')
 
 
-def critic_config(model_type: str = DEFAULT_MODEL_TYPE) -> dict:
+def critic_config(model_type: Optional[str] = None) -> dict:
     """What makes an HF config of ``model_type`` our critic format on the installed transformers: the family's
     ``*ForTokenClassification``, untied, and ``token_classification_bias`` False on 5.x / True on 4.57.x (the zero
     ``score.bias`` it carries; transformers builds every family's head the same way)."""
     from swift_plt.compat.transformers import critic_head_has_bias
+    model_type = model_type or default_model_type()
     return {'architectures': [token_classification_class(model_type).__name__], 'tie_word_embeddings': False,
             'token_classification_bias': critic_head_has_bias()}
 
@@ -240,7 +251,7 @@ def critic_hf_config(hf_config):
     """A copy of an HF config object in our critic format (``critic_config()``, ``num_labels=1``)."""
     import copy
     hf_config = copy.deepcopy(hf_config)
-    for key, value in critic_config(getattr(hf_config, 'model_type', None) or DEFAULT_MODEL_TYPE).items():
+    for key, value in critic_config(getattr(hf_config, 'model_type', None)).items():
         setattr(hf_config, key, copy.copy(value))
     hf_config.num_labels = 1
     return hf_config

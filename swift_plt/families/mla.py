@@ -41,7 +41,9 @@ FAMILIES = (
                           rope_scaling=dict(type='yarn', factor=40, beta_fast=32, beta_slow=1, mscale=0.707,
                                             mscale_all_dim=0.707, original_max_position_embeddings=128)))),
     Family('deepseek_v3', moe=True, mla=True, upstream_checks=(sigmoid_router, ),
-           critic=Critic('deepseek_v3_critic', 'deepseek_v2_5', 'deepseek_v2'),
+           # the published checkpoint's multi-token-prediction layer: transformers 5.x ignores it on load
+           critic=Critic('deepseek_v3_critic', 'deepseek_v2_5', 'deepseek_v2',
+                         ignored_on_load=(r'model\.layers\.61.*', )),
            tiny=Tiny('DeepseekV3Config', 'DeepseekV3ForCausalLM', _V3, core=True)),
     # ms-swift registers the Kimi-K2 checkpoints under deepseek_v3
     Family('kimi_k2', moe=True, mla=True, swift_type='deepseek_v3', upstream_checks=(sigmoid_router, )),

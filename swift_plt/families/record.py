@@ -17,6 +17,7 @@ class Tiny:
     core: bool = False  # one of the structures every harness test builds (else built on demand)
     norm_scale: float = 0.0  # RMSNorm weights drawn as 1 + N(0, scale²): a dropped or swapped norm shows
     random_biases: bool = False  # biases drawn as N(0, 0.1²)
+    vision: Optional[Dict[str, Any]] = None  # a multimodal checkpoint's vision config (a tower of a few k parameters)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Critic:
     critic_type: str
     template: str  # ms-swift's default template of the family
     model_arch: Optional[str]  # ms-swift's ModelArch (None: as ms-swift registers the family)
+    ignored_on_load: Tuple[str, ...] = ()  # regexes of checkpoint keys transformers 5.x ignores on load, 4.57 does not
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class Family:
     moe: bool = False
     mla: bool = False  # multi-head latent attention
     linear_attention: bool = False  # Gated-DeltaNet hybrid: a recurrence that must restart per document
+    # HF side: ms-swift replaces its Gated DeltaNet for rows of several documents (swift.model.models.qwen): fla's
+    # convolution and recurrence restart per document (without it, packed rows are refused at K > 1)
+    hf_packed_rows_with_fla: bool = False
     attention_sinks: bool = False  # learned per-head logits in the softmax
     text_only_multimodal: bool = False  # a multimodal checkpoint whose language model PLT trains on text
     hf_side_refusal: Optional[str] = None  # why the HF backend (``swift pt/sft``) refuses it at K > 1
@@ -71,6 +76,9 @@ class Refused:
 
 # shapes of the tiny models shared by several families (on top of tools/tiny_families' common shape)
 TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1)
+# a vision tower of a few thousand parameters (Qwen-VL's vision config keys)
+TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                   num_position_embeddings=64)
 # the Gated-DeltaNet hybrids: 3 linear-attention layers, then 1 gated full-attention layer
 TINY_HYBRID = dict(num_hidden_layers=4, full_attention_interval=4, head_dim=32, partial_rotary_factor=0.25,
                    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,

@@ -58,8 +58,8 @@ def topk_method(config, model_type) -> List[str]:
                 'greedy routing to none; some expert choices differ' + TAIL]
     if topk // topk_group == 1:
         return []  # the sum over one expert is the max
-    return [line + f'Megatron keeps a token\'s {topk_group} groups by the sum of each group\'s top-{topk // topk_group} '
-            'expert scores, transformers by the max; some expert choices differ' + TAIL]
+    return [line + f'Megatron keeps a token\'s {topk_group} groups by the sum of each group\'s '
+            f'top-{topk // topk_group} expert scores, transformers by the max; some expert choices differ' + TAIL]
 
 
 def mla_q_norm(config, model_type) -> List[str]:

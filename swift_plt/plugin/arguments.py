@@ -170,11 +170,6 @@ HF_UNSUPPORTED = [
 ]
 
 
-# hybrids whose Gated DeltaNet ms-swift replaces for rows of several documents (swift.model.models.qwen): fla's
-# convolution and recurrence over the documents' boundaries (cu_seq_lens_q, which the PLT model passes at patch level)
-MS_SWIFT_VARLEN_GDN = ('qwen3_5', 'qwen3_5_moe')
-
-
 def packed_hybrid_problem(args, fla_kernels: Optional[bool] = None) -> Optional[str]:
     """HF backend at K > 1: a Gated-DeltaNet hybrid (``Family.linear_attention``) on padding-free rows (``--packing``
     or ``--padding_free``) whose Gated DeltaNet would not restart per document, else None. Qwen3.5 restarts with
@@ -190,9 +185,9 @@ def packed_hybrid_problem(args, fla_kernels: Optional[bool] = None) -> Optional[
     shared = 'so each document would start from the previous one\'s convolution and recurrent state'
     fix = ('use padded batches (no --packing, --padding_free false), or `megatron pt`, whose Gated DeltaNet restarts '
            'per document')
-    if family.hf_type not in MS_SWIFT_VARLEN_GDN:
-        return (f'{rows}: transformers\' Gated DeltaNet of it runs its causal convolution across the documents of a '
-                f'row with any kernels (it hands their boundaries to flash-linear-attention\'s recurrence only), '
+    if not family.hf_packed_rows_with_fla:
+        return (f'{rows}: its Gated DeltaNet (transformers\' forward) runs the causal convolution across the documents '
+                f'of a row with any kernels (it hands their boundaries to flash-linear-attention\'s recurrence only), '
                 f'{shared}; {fix}')
     if fla_kernels is None:
         fla_kernels = gdn_fla_kernels_available()

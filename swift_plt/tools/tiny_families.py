@@ -26,9 +26,6 @@ _COMMON: Dict[str, Any] = dict(
     initializer_range=0.05,  # > the usual 0.02: logits far from zero, so comparisons tell
     tie_word_embeddings=False,
 )
-# a vision tower of a few thousand parameters for the multimodal checkpoints (text-only at K > 1)
-_TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
-                    num_position_embeddings=64)
 
 
 def unavailable(family: str):
@@ -59,9 +56,9 @@ def make_tiny_family(family: str, out_dir: str, vocab_size: int = 512, seed: int
     make_tokenizer_config_portable(out_dir)
     ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id)
-    if model_cls.endswith('ForConditionalGeneration'):  # text_config + vision_config; media ids past the text
+    if tiny.vision is not None:  # text_config + vision_config; media ids past the text
         config = getattr(transformers, config_cls)(
-            text_config=dict(vocab_size=vocab_size, **ids, **kwargs), vision_config=_TINY_VISION,
+            text_config=dict(vocab_size=vocab_size, **ids, **kwargs), vision_config=tiny.vision,
             image_token_id=vocab_size - 4, video_token_id=vocab_size - 3, vision_start_token_id=vocab_size - 2,
             vision_end_token_id=vocab_size - 1, tie_word_embeddings=kwargs['tie_word_embeddings'])
     else:

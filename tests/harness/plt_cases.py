@@ -33,8 +33,6 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
     """Brute force (swift_plt.patch_level.reference) on plain transformers, each row on its own real tokens;
     ``config``: fields of the HF config replaced (a sliding window in patches). Returns (loss, {hf parameter name:
     grad})."""
-    from transformers import AutoModelForCausalLM
-
     from swift_plt.compat.transformers import hf_rope_guard
     from swift_plt.patch_level.reference import padded_batch_nll
 
@@ -45,8 +43,8 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
         model = BailingMoeV2ForCausalLM.from_pretrained(hf_dir)
     else:
         with hf_rope_guard():
-            model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
-                                                         **config)
+            model = _causal_lm_class(hf_dir).from_pretrained(hf_dir, dtype=torch.float32, attn_implementation='eager',
+                                                             **config)
         as_transformers_5(model)
     for name, value in config.items():  # the config took them (from_pretrained passes unknown names elsewhere)
         assert getattr(model.config, name) == value, name
@@ -54,22 +52,37 @@ def hf_plt_reference(hf_dir, batch, k=K, **config):
     nll, count = padded_batch_nll(model, batch['input_ids'], batch['labels'], LENS, k)
     loss = nll / count
     loss.backward()
-    return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    # a multimodal checkpoint's language model under the names of its text config's *ForCausalLM
+    return float(loss), {n.replace('model.language_model.', 'model.'): p.grad.clone()
+                         for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _causal_lm_class(hf_dir):
+    """transformers' *ForCausalLM of the checkpoint, else (a multimodal one without it: Qwen3-VL) its
+    *ForConditionalGeneration, run on text."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    config = AutoConfig.from_pretrained(hf_dir)
+    return AutoModelForCausalLM if type(config) in AutoModelForCausalLM._model_mapping else AutoModelForImageTextToText
+
+
+def patch_level_window(window, k):
+    """Patches touched by the W tokens up to and including the last token of a patch (tokens j in patch j // k)."""
+    last = window * k - 1  # the last token of patch window - 1: far enough in that the window starts at token >= 0
+    return len({j // k for j in range(last - window + 1, last + 1)})
 
 
 def patch_level_hf_config(hf_dir, k=K):
-    """What the brute force changes in the HF config at patch size ``k``: a sliding window of W tokens is ceil(W / k)
-    patches (the patch sequence sees the same span of text: swift_plt.models.window); nothing else (attention sinks
-    stay). The window as transformers reads config.json (Qwen2's is None without use_sliding_window)."""
+    """What the brute force changes in the HF config at patch size ``k``: a sliding window of W tokens becomes the
+    patches that the same span of text touches (patch_level_window, counted here from token positions, not with
+    swift_plt.patch_level.window's rule); nothing else (attention sinks stay). The window as transformers reads
+    config.json (Qwen2's is None without use_sliding_window)."""
     from transformers import AutoConfig
-
-    from swift_plt.models.window import patch_window
 
     from .bailing_moe import is_bailing_moe
     if is_bailing_moe(hf_dir):
         return {}
     window = getattr(AutoConfig.from_pretrained(hf_dir), 'sliding_window', None)
-    return {'sliding_window': patch_window(window, k)} if window else {}
+    return {'sliding_window': patch_level_window(window, k)} if window else {}
 
 
 def mcore_loss(hf_dir, batch, k, model_type, extra_config=None, all_grads=False, per_token=False):

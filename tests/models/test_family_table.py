@@ -88,7 +88,7 @@ def test_every_mcore_bridge_type_is_classified():
     assert registered['qwen3_emb'][0] == [] and families.mcore_refusal('qwen3_emb')
     # every HF model type of a language-model type is supported or refused with a reason of its own
     llm_hf = {h for t in families.MCORE_LLM_TYPES if t in registered for h in registered[t][0]}
-    assert llm_hf == (set(families.FAMILIES) - {'qwen3_5', 'qwen3_5_moe'}) | set(families.REFUSED) | (
+    assert llm_hf == (set(families.FAMILIES) - set(families.TEXT_ONLY_MULTIMODAL)) | set(families.REFUSED) | (
         set(families.MCORE_REFUSED) - (set(families.MCORE_CONDITIONAL_TYPES) - set(registered)))
 
 

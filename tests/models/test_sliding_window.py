@@ -1,4 +1,4 @@
-"""Sliding windows at patch level (swift_plt.models.window): W tokens -> ceil(W / K) patches, in HF's convention
+"""Sliding windows at patch level (swift_plt.patch_level.window): W tokens -> ceil(W / K) patches, in HF's convention
 (``sliding_window`` W) and in megatron's (``window_size`` (W - 1, 0), as mcore-bridge converts W), against masks built
 by hand. The HF-side PLT model, CPU fp32, over GPT-OSS (window 6 tokens in every other layer, attention sinks) and
 Qwen2 with ``use_sliding_window`` (window 6 in its second layer): K=4 loss and every gradient equal the brute force on
@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch, patch_level_hf_config
-from swift_plt.models.window import patch_window, patch_window_size
+from harness.plt_cases import K, PAD, VOCAB, hf_plt_reference, make_batch, patch_level_hf_config, patch_level_window
+from swift_plt.patch_level.window import patch_window, patch_window_size
 
 
 def hf_mask(n, window):
@@ -39,6 +39,14 @@ def test_patch_window_covers_the_tokens_window_with_the_fewest_patches():
     assert patch_window(6, 1) == 6 and patch_window_size((5, 0), 1) == (5, 0)  # K=1: as it is
     assert patch_window(None, 4) is None and patch_window(0, 4) == 0 and patch_window_size(None, 4) is None
     assert patch_window_size((-1, 0), 4) == (-1, 0)  # no window
+
+
+def test_patch_window_equals_the_reference_counted_from_token_positions():
+    """The rule the product runs (ceil(W / K)) against the harness's reference (the patches that the W tokens ending
+    at a patch's last token touch), which the parity tests load instead of the product's rule."""
+    bad = [(w, k) for w in range(1, 41) for k in range(1, 9) if patch_window(w, k) != patch_level_window(w, k)]
+    assert not bad, bad
+    assert patch_level_window(6, 4) == 2 and patch_level_window(8, 4) == 2 and patch_level_window(9, 4) == 3
 
 
 def test_a_window_that_looks_right_is_refused():
