@@ -30,7 +30,7 @@ MULTIMODAL_TYPES = ('deepseek_v41', 'gemma4', 'gemma4_unified', 'glm4v', 'glm4v_
 # registered only with megatron-core's models.hybrid: deepseek_v41 needs hyper-connection layers newer than 0.19.2
 CONDITIONAL_MULTIMODAL = ('deepseek_v41', )
 MULTIMODAL_REFUSAL = ('a multimodal model (mcore-bridge builds it with its vision or audio tower); PLT trains text '
-                      'decoders (Qwen3.5 on text only)')
+                      'decoders ({text_only} on text only)')
 # embedding types (no HF model type maps to them; ms-swift picks them for --task_type embedding)
 EMBEDDING_TYPES = ('qwen3_emb', )
 EMBEDDING_REFUSAL = 'an embedding model (pooled hidden states, no next-token loss); PLT trains causal LMs'

@@ -78,7 +78,7 @@ def mcore_refusal(mcore_type: Optional[str]) -> Optional[str]:
     if mcore_type in MCORE_REFUSED:
         return MCORE_REFUSED[mcore_type]
     if mcore_type in MCORE_MULTIMODAL_TYPES and mcore_type not in FAMILY_MCORE_TYPES.values():
-        return mcore_types.MULTIMODAL_REFUSAL
+        return mcore_types.MULTIMODAL_REFUSAL.format(text_only=', '.join(TEXT_ONLY_MULTIMODAL))
     if mcore_type in MCORE_EMBEDDING_TYPES:
         return mcore_types.EMBEDDING_REFUSAL
     return None
