@@ -3,7 +3,7 @@ from typing import List
 
 from swift_plt import PLT_MODEL_TYPE
 from swift_plt.critic import CRITIC_MODEL_TYPE
-from swift_plt.families.record import Critic, Family, Tiny
+from swift_plt.families.record import TINY_VISION, Critic, Family, Tiny
 from swift_plt.families.upstream_keys import TAIL, dropped_sliding_window
 
 
@@ -37,4 +37,12 @@ FAMILIES = (
            tiny=Tiny('Glm4Config', 'Glm4ForCausalLM', dict(head_dim=32, partial_rotary_factor=0.5,
                                                            attention_bias=True, tie_word_embeddings=False),
                      norm_scale=0.3, random_biases=True)),
+    # Qwen3-VL (Qwen3VLForConditionalGeneration): the Qwen3 decoder (QK-norm, interleaved multimodal RoPE) under a
+    # vision tower whose deepstack features are added to the first layers' image tokens; at K > 1 on text only
+    Family('qwen3_vl', mcore_type='qwen3_vl', loader='mcore_bridge.model.mm_gpts.qwen3_vl:Qwen3VLLoader',
+           bridge='mcore_bridge.bridge:MultimodalGPTBridge', text_only_multimodal=True,
+           tiny=Tiny('Qwen3VLConfig', 'Qwen3VLForConditionalGeneration',
+                     dict(head_dim=32, rope_parameters=dict(rope_type='default', rope_theta=5e6,
+                                                            mrope_section=[4, 6, 6], mrope_interleaved=True)),
+                     vision=dict(TINY_VISION, deepstack_visual_indexes=[0]))),
 )

@@ -28,7 +28,8 @@ MOE = ['qwen3_moe', 'qwen2_moe', 'deepseek_v3']
 # QKV, partial rotary, group-limited sigmoid routing with expert bias; against the hand-written model of its published
 # code, harness/bailing_moe.py); slow tier: the ones whose structures the others cover (their published shapes run on
 # the GPU)
-MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe'] + [
+MORE = ['glm4_moe', 'deepseek_v2', 'ernie4_5_moe', 'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe',
+        'qwen3_vl'] + [
     pytest.param(f, marks=pytest.mark.slow) for f in ('glm4_moe_lite', 'dots1', 'ernie4_5')]
 NO_AUX = {'moe_aux_loss_coeff': 0.0}
 
@@ -72,7 +73,7 @@ def assert_grads_match(grads, ref, rtol=1e-4, atol=1e-6):
 
 
 @pytest.mark.parametrize('family', DENSE + list(HYBRID_FAMILIES) + [
-    'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe'])
+    'olmoe', 'gpt_oss', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe', 'qwen3_vl'])
 def test_k1_through_plt_model_type_is_stock_bit_for_bit(family, family_dirs, tmp_path_factory, batch):
     hf_dir = family_dir(family_dirs, tmp_path_factory, family)
     stock_type, plt_type = mcore_types(family)

@@ -12,7 +12,7 @@ from swift_plt.tools.tiny_families import make_tiny_family
 
 FAMILIES = ['qwen2', 'qwen3', 'qwen3_moe', 'qwen2_moe', 'deepseek_v3', 'olmoe', 'glm4', 'minimax_m2', 'hy_v3',
             'qwen3_next', 'qwen3_5',
-            'qwen3_5_moe']
+            'qwen3_5_moe', 'qwen3_vl']
 
 
 @pytest.fixture(scope='module')
