@@ -42,7 +42,7 @@ FAMILIES = (
     Family('qwen3_vl', mcore_type='qwen3_vl', loader='mcore_bridge.model.mm_gpts.qwen3_vl:Qwen3VLLoader',
            bridge='mcore_bridge.bridge:MultimodalGPTBridge', text_only_multimodal=True,
            tiny=Tiny('Qwen3VLConfig', 'Qwen3VLForConditionalGeneration',
-                     dict(head_dim=32, rope_parameters=dict(rope_type='default', rope_theta=5e6,
-                                                            mrope_section=[4, 6, 6], mrope_interleaved=True)),
+                     dict(head_dim=32, rope_theta=5e6,  # rope_scaling: read by transformers 4.57 and 5.x
+                          rope_scaling=dict(rope_type='default', mrope_section=[4, 6, 6], mrope_interleaved=True)),
                      vision=dict(TINY_VISION, deepstack_visual_indexes=[0]))),
 )
