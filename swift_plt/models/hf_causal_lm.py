@@ -162,8 +162,9 @@ class PLTCausalLM:
 def patch_packing_kwargs(kwargs: dict, patch_pos: torch.Tensor, patch_size: int, linear_attention=False) -> dict:
     """A packed row's varlen kwargs (``cu_seq_lens_q/k``, ``max_length_q/k``: ms-swift's multimodal collator passes
     them; attention and the Gated DeltaNet read them) at patch level: the documents' patch boundaries. A model with
-    linear-attention layers gets them for any packed row: without them transformers' Gated DeltaNet runs its
-    convolution and recurrence across the row's documents (attention finds them from the positions)."""
+    linear-attention layers gets them for any packed row (attention finds them from the positions). Whether its Gated
+    DeltaNet then restarts per document depends on the kernels: where it would not, packed rows are refused before
+    step 1 (swift_plt.plugin.arguments.packed_hybrid_problem)."""
     out = dict(kwargs)
     if linear_attention and out.get('cu_seq_lens_q') is None and patch_pos.shape[0] == 1 and \
             int((patch_pos == 0).sum()) > 1:

@@ -160,8 +160,8 @@ def test_packed_row_varlen_kwargs_reach_the_decoder_at_patch_level(dirs):
 
 def test_packed_row_of_a_hybrid_gets_its_patch_boundaries(dirs):
     """A packed row without varlen kwargs (ms-swift's text collator gives positions only): the hybrid's decoder is
-    handed the documents' patch boundaries, so its Gated DeltaNet does not run across them; a dense family gets
-    nothing it did not get before."""
+    handed the documents' patch boundaries (what fla's varlen kernels restart on; where they would not run, packed rows
+    are refused: test_hf_hybrid_packing.py); a dense family gets nothing it did not get before."""
     lens = [8, 12, 4]
     pos = torch.cat([torch.arange(n) for n in lens])[None]
     ids = torch.randint(4, VOCAB, pos.shape, generator=torch.Generator().manual_seed(0))
