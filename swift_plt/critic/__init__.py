@@ -18,4 +18,4 @@ ignored: the critic computes no LM loss). ``values(output) == output[:, :-1].squ
 
 Importing this package is cheap (no torch).
 """
-CRITIC_MODEL_TYPE = 'llama3_2_critic'
+from swift_plt.families.dense import LLAMA_CRITIC as CRITIC_MODEL_TYPE  # noqa: F401  (the record names it)

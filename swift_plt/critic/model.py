@@ -230,20 +230,20 @@ class CriticBridge(CriticBridgeMixin, GPTBridge):
 def upstream_refusal(critic_type: str, mcore_type: str, upstream) -> str:
     """None where mcore-bridge's meta ``upstream`` of ``mcore_type`` builds the family with the loader and bridge
     its record names, else what differs and what to do."""
-    from swift_plt.compat.mcore_bridge_meta import upstream_problem
+    from swift_plt.families.mcore_bridge import upstream_problem
     problem = upstream_problem(mcore_type, upstream)
     return f'{critic_type}: {problem}' if problem else None
 
 
 def critic_loader(upstream_loader):
     """The critic loader over a family's mcore-bridge loader (``CriticModelLoader`` over the default one)."""
-    from swift_plt.compat.mcore_bridge_meta import over
+    from swift_plt.families.mcore_bridge import over
     return over('Critic', CriticLoaderMixin, upstream_loader, CriticModelLoader)
 
 
 def critic_bridge(upstream_bridge):
     """The critic bridge over a family's mcore-bridge bridge (``CriticBridge`` over GPTBridge)."""
-    from swift_plt.compat.mcore_bridge_meta import over
+    from swift_plt.families.mcore_bridge import over
     return over('Critic', CriticBridgeMixin, upstream_bridge, CriticBridge)
 
 

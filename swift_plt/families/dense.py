@@ -2,9 +2,10 @@
 from typing import List
 
 from swift_plt import PLT_MODEL_TYPE
-from swift_plt.critic import CRITIC_MODEL_TYPE
 from swift_plt.families.record import TINY_VISION, Critic, Family, Tiny
 from swift_plt.families.upstream_keys import TAIL, dropped_sliding_window
+
+LLAMA_CRITIC = 'llama3_2_critic'  # the first critic type (swift_plt.critic.CRITIC_MODEL_TYPE)
 
 
 def glm4_gate_up_export(config, model_type) -> List[str]:
@@ -18,7 +19,7 @@ def glm4_gate_up_export(config, model_type) -> List[str]:
 
 FAMILIES = (
     # the design type llama3_2_plt: its config.json may carry patch_size
-    Family('llama', swift_type=PLT_MODEL_TYPE, critic=Critic(CRITIC_MODEL_TYPE, 'llama3_2', 'llama'),
+    Family('llama', swift_type=PLT_MODEL_TYPE, critic=Critic(LLAMA_CRITIC, 'llama3_2', 'llama'),
            tiny=Tiny('LlamaConfig', 'LlamaForCausalLM', core=True)),
     # q/k/v projections with bias
     Family('qwen2', critic=Critic('qwen2_critic', 'qwen', 'llama'), upstream_checks=(dropped_sliding_window, ),

@@ -235,8 +235,8 @@ class PLTModelLoader(PLTLoaderMixin, ModelLoader):
 
 def plt_loader(mcore_type: str, upstream):
     """The PLT loader over mcore-bridge's meta ``upstream`` of ``mcore_type``, whose loader and bridge must be the ones
-    the family records name (swift_plt.compat.mcore_bridge_meta)."""
-    from swift_plt.compat.mcore_bridge_meta import over, upstream_problem
+    the family records name (swift_plt.families.mcore_bridge)."""
+    from swift_plt.families.mcore_bridge import over, upstream_problem
     problem = upstream_problem(mcore_type, upstream)
     if problem:
         raise RuntimeError(problem)

@@ -9,7 +9,7 @@ from swift_plt.critic.families import CRITIC_FAMILIES, NO_CRITIC
 
 PACKAGE = pathlib.Path(swift_plt.__file__).parent
 # (module, name): why the name may stand there
-ALLOWED = {('critic/__init__.py', 'llama3_2_critic'): 'the critic package\'s stable name of its first type'}
+ALLOWED = {}
 
 
 def model_type_names() -> set:

@@ -5,7 +5,7 @@ import functools
 import importlib
 from typing import Optional
 
-from swift_plt.families import MCORE_BRIDGE_VERIFIED, verified_classes
+from swift_plt.families.registry import MCORE_BRIDGE_VERIFIED, verified_classes
 
 
 def _resolve(name: str):
