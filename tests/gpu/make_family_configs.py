@@ -478,9 +478,16 @@ FAMILIES = {
 }  # yapf: disable
 NAMES = list(FAMILIES)
 DEFAULT = NAMES[:4]  # families.sh's default run (one H100, ~6 min)
-HYBRID = [n for n in NAMES if FAMILIES[n][0]['model_type'] in ('qwen3_next', 'qwen3_5', 'qwen3_5_moe')]
-NEW = [n for n in NAMES if FAMILIES[n][0]['model_type'] in ('gpt_oss', 'olmoe', 'glm4', 'minimax_m2', 'hy_v3',
-                                                             'bailing_moe')]
+
+
+def _record(name):
+    from swift_plt import families  # the family records (no torch)
+    return families.family(FAMILIES[name][0]['model_type'])
+
+
+# the Gated-DeltaNet hybrids; the families with their own mcore-bridge type or attention sinks (FAMILIES=new)
+HYBRID = [n for n in NAMES if _record(n).linear_attention]
+NEW = [n for n in NAMES if n not in HYBRID and (_record(n).mcore_type != 'gpt' or _record(n).attention_sinks)]
 MORE = [n for n in NAMES[4:] if n not in HYBRID + NEW]  # the other `gpt` families (FAMILIES=more)
 GROUPS = dict(default=DEFAULT, more=MORE, hybrid=HYBRID, new=NEW, all=NAMES)
 # model types transformers has no class for -> the tests/harness module that writes out their published modeling code
