@@ -5,8 +5,9 @@
 #     FAMILIES=qwen1.5-moe-a2.7b-cut,glm-4.5-air-cut,glm-4.7-flash-cut,deepseek-v2-lite-cut bash tests/gpu/families.sh
 #     FAMILIES=llama-3.2-1b,ernie-4.5-21b-a3b-cut,ernie-4.5-0.3b,dots.llm1-cut,kimi-k2-cut bash tests/gpu/families.sh
 #     FAMILIES=hybrid bash tests/gpu/families.sh                      # the Gated-DeltaNet hybrids, one H100
-#     NGPU=2 FAMILIES=new bash tests/gpu/families.sh                  # mcore-bridge's own decoder types, 2 GPUs, ~6 min
-#   (the two before hybrid ~5 min each on 2 GPUs; FAMILIES=more runs those nine, FAMILIES=all the twenty-two)
+#     NGPU=2 FAMILIES=new bash tests/gpu/families.sh                  # mcore-bridge's own decoder types, 2 GPUs, ~7 min
+#     NGPU=1 FAMILIES=qwen3-vl-8b-cut bash tests/gpu/families.sh      # one family of a group, by name
+#   (the two before hybrid ~5 min each on 2 GPUs; FAMILIES=more runs those nine, FAMILIES=all the twenty-three)
 #   0. tests/gpu/make_family_configs.py: random-init HF dirs with the published config.json (bf16), layers and
 #      experts cut to one 80 GB GPU; tiny BPE tokenizer. Groups: `default` = Qwen2.5-1.5B (qwen2: qkv bias, tied),
 #      Qwen3-1.7B (qwen3: QK-norm), Qwen3-30B-A3B cut to 4 layers (qwen3_moe: 128 experts, top-8) and DeepSeek-V3 cut
@@ -20,24 +21,25 @@
 #      experts, one small vision block); `new` = gpt-oss-20b (gpt_oss: sliding window, attention sinks), OLMoE-1B-7B
 #      (olmoe), GLM-4-9B-0414 (glm4), MiniMax-M2 (minimax_m2), Hy3-preview (hy_v3, Hunyuan-V3), Ling-mini-2.0
 #      (bailing_moe, Ling 2.0: its HF side tests/harness/bailing_moe.py), cut to 3-4 layers (MiniMax-M2 and Hy3 to 64
-#      experts); `all`. Which cut each has: make_family_configs.py. Each GPU lane
-#      makes its own models in the background, in its order, while the parity of the ones before runs; a model dir
-#      is deleted after its parity (KEEP_MODELS=1 keeps them; RUN_TPS=1 keeps the two it needs).
+#      experts), and Qwen3-VL-8B (qwen3_vl: a multimodal checkpoint, its language model cut to 4 layers and run on
+#      text, 3 small vision blocks for its 3 deepstack mergers); `all`. Which cut each has: make_family_configs.py.
+#      Each GPU lane makes its own models in the background, in its order, while the parity of the ones before runs;
+#      a model dir is deleted after its parity (KEEP_MODELS=1 keeps them; RUN_TPS=1 keeps the two it needs).
 #   1. tests/gpu/parity.py per model (its own process), random token ids, B=2, S=256: the family's own HF model
-#      (fp32 and fp64 on the GPU; Qwen3.5: its language model on text; GPT-OSS's window ceil(W / K) patches) vs
-#      `--model_type <family> --patch_size 4` (built as mcore gpt_plt; a family of mcore-bridge's own type as
-#      <type>_plt: qwen3_next_plt / qwen3_5_plt, olmoe_plt, ...), bf16/fused and fp32/unfused; K=1:
-#      the PLT type at patch_size 1 vs the stock model, bit-identical, and stock vs HF token-level (at
-#      K1_PRECISIONS). `timing` lines: the first forward of each model and precision against the next (the first
-#      compiles the Triton kernels of a cold cache: fla's Gated DeltaNet kernels for the hybrids). With LANES > 1
-#      (default: the GPUs used) model i runs on GPU i mod LANES, the lanes side by side. One PARITY_<model> check per
-#      model.
+#      (fp32 and fp64 on the GPU; Qwen3.5, Qwen3-VL: its language model on text; GPT-OSS's window ceil(W / K)
+#      patches) vs `--model_type <family> --patch_size 4` (built as mcore gpt_plt; a family of mcore-bridge's own
+#      type as <type>_plt: qwen3_next_plt / qwen3_5_plt, olmoe_plt, qwen3_vl_plt, ...), bf16/fused and
+#      fp32/unfused; K=1: the PLT type at patch_size 1 vs the stock model, bit-identical, and stock vs HF
+#      token-level (at K1_PRECISIONS). `timing` lines: the first forward of each model and precision against the next
+#      (the first compiles the Triton kernels of a cold cache: fla's Gated DeltaNet kernels for the hybrids). With
+#      LANES > 1 (default: the GPUs used) model i runs on GPU i mod LANES, the lanes side by side. One PARITY_<model>
+#      check per model.
 #   2. (a benchmark: only with RUN_TPS=1 and >= TPS_MIN_LEFT s left) benchmarks/throughput/families.sh on the
 #      models of step 0: tokens/s K=4 vs K=1, Qwen3-1.7B and the Qwen3-30B-A3B cut, A B A B (needs both in FAMILIES).
 # Budget: BUDGET seconds in all (default 470 for the default group on one GPU: models ~1 min, overlapped, parity
 # ~1 min a dense model and ~1.5-2.5 min a MoE one; other runs 120 + 150 s per model of the longest lane, + 270 s
 # and a cap of 420 s a model when a hybrid is among them: a cold Triton cache); a model past its cap is killed and
-# counted as failed. Disk: the bf16 dirs of one run, at most (default 21 GB, more 49 GB, new 39 GB).
+# counted as failed. Disk: the bf16 dirs of one run, at most (default 21 GB, more 49 GB, new 43 GB).
 # env: OUT, BUDGET, FAMILIES (comma list of make_family_configs.py names or groups; default `default`), LANES,
 # PARITY_CAP (s per model, 240; 420 with hybrids), K1_PRECISIONS (bf16), PRECISIONS (bf16,fp32), PARITY_EXTRA (JSON
 # of extra MegatronArguments fields for parity.py, e.g. '{"moe_grouped_gemm": false}'), PARITY_FLAGS (more parity.py

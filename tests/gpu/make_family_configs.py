@@ -9,18 +9,19 @@ Nothing is downloaded; the tokenizer is the tiny BPE one.
 Writes DIR/NAME/{config.json, *.safetensors (bf16, the configs' torch_dtype), tokenizer files} for each NAME and
 prints parameters and bytes per model. Groups: `default` (DEFAULT: qwen2.5-1.5b, qwen3-1.7b, qwen3-30b-a3b-cut,
 deepseek-v3-cut), `more` (MORE: the other `gpt` families), `hybrid` (HYBRID: the Gated-DeltaNet hybrids Qwen3-Next and
-Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0: mcore-bridge's own
-decoder types and GPT-OSS), `all`. config.json is the published one with only the cut fields changed (so
-mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and where its
-values come from. Qwen3.5 checkpoints are multimodal (text_config + vision_config, written as
-Qwen3_5[Moe]ForConditionalGeneration, the class named in `architectures`): their cut applies to text_config, and the
-vision tower is cut to one small block. Kimi-K2 (config.json model_type kimi_k2, remote code) is written as its
-DeepSeek-V3 architecture (model_type deepseek_v3). Ling 2.0 (bailing_moe: remote code only) is built from
-tests/harness/bailing_moe.py, its published modeling code written out (HAND_WRITTEN). Weights: HF's init
-(normal(0, initializer_range)), then biases, RMSNorm weights, the routers' expert bias and GPT-OSS's sinks made random
-too (1 + N(0, 0.1) for norms), so a mis-mapped bias or norm changes the logits; ERNIE-4.5-MoE's stays 0
-(NO_ROUTER_BIAS). --tiny: the same structures at toy widths (CPU tests). --estimate: print the sizes only (meta
-device, no weights).
+Qwen3.5 dense / MoE), `new` (NEW: GPT-OSS, OLMoE, GLM-4-0414, MiniMax-M2, Hunyuan-V3, Ling 2.0, Qwen3-VL:
+mcore-bridge's own decoder types and GPT-OSS), `all`. config.json is the published one with only the cut fields
+changed (so mcore-bridge and transformers read what a hub download gives them); each entry says which model it is and
+where its values come from. Qwen3.5 and Qwen3-VL checkpoints are multimodal (text_config + vision_config, written as
+the class named in `architectures`, Qwen3_5[Moe]ForConditionalGeneration / Qwen3VLForConditionalGeneration; PLT
+trains their language model on text: the records' text_only_multimodal): their cut applies to text_config, and the
+vision tower is cut to small blocks (Qwen3.5 one, Qwen3-VL three, one per deepstack merger). Kimi-K2 (config.json
+model_type kimi_k2, remote code) is written as its DeepSeek-V3 architecture (model_type deepseek_v3). Ling 2.0
+(bailing_moe: remote code only) is built from tests/harness/bailing_moe.py, its published modeling code written out
+(HAND_WRITTEN). Weights: HF's init (normal(0, initializer_range)), then biases, RMSNorm weights, the routers' expert
+bias and GPT-OSS's sinks made random too (1 + N(0, 0.1) for norms), so a mis-mapped bias or norm changes the logits;
+ERNIE-4.5-MoE's stays 0 (NO_ROUTER_BIAS). --tiny: the same structures at toy widths (CPU tests). --estimate: print
+the sizes only (meta device, no weights).
 """
 import argparse
 import copy
@@ -283,6 +284,30 @@ LING_MINI_20 = {
     'torch_dtype': 'bfloat16', 'use_bias': False, 'use_cache': True, 'use_qk_norm': True, 'use_qkv_bias': False,
     'use_rmsnorm': True, 'vocab_size': 157184,
 }  # yapf: disable
+# Qwen/Qwen3-VL-8B-Instruct (qwen3_vl, Qwen3VLForConditionalGeneration: the Qwen3 decoder (QK-norm, GQA 32 / 8 heads)
+# with interleaved multimodal RoPE [24, 20, 20], theta 5e6, under a 27-block ViT whose deepstack mergers (after blocks
+# 8, 16, 24) add image features to the first 3 text layers' image tokens; untied; 8.77 B). Written from the published
+# config.json (text_config / vision_config as the hub file has them; transformers_version dropped).
+QWEN3_VL_8B = {
+    'architectures': ['Qwen3VLForConditionalGeneration'], 'image_token_id': 151655, 'model_type': 'qwen3_vl',
+    'text_config': {
+        'attention_bias': False, 'attention_dropout': 0.0, 'bos_token_id': 151643, 'dtype': 'bfloat16',
+        'eos_token_id': 151645, 'head_dim': 128, 'hidden_act': 'silu', 'hidden_size': 4096,
+        'initializer_range': 0.02, 'intermediate_size': 12288, 'max_position_embeddings': 262144,
+        'model_type': 'qwen3_vl_text', 'num_attention_heads': 32, 'num_hidden_layers': 36, 'num_key_value_heads': 8,
+        'rms_norm_eps': 1e-06,
+        'rope_scaling': {'mrope_interleaved': True, 'mrope_section': [24, 20, 20], 'rope_type': 'default'},
+        'rope_theta': 5000000, 'use_cache': True, 'vocab_size': 151936,
+    },
+    'tie_word_embeddings': False, 'video_token_id': 151656,
+    'vision_config': {
+        'deepstack_visual_indexes': [8, 16, 24], 'depth': 27, 'hidden_act': 'gelu_pytorch_tanh', 'hidden_size': 1152,
+        'in_channels': 3, 'initializer_range': 0.02, 'intermediate_size': 4304, 'model_type': 'qwen3_vl',
+        'num_heads': 16, 'num_position_embeddings': 2304, 'out_hidden_size': 4096, 'patch_size': 16,
+        'spatial_merge_size': 2, 'temporal_patch_size': 2,
+    },
+    'vision_end_token_id': 151653, 'vision_start_token_id': 151652,
+}  # yapf: disable
 
 
 def hybrid_layer_types(n, interval=4):
@@ -475,6 +500,16 @@ FAMILIES = {
         hidden_size=64, intermediate_size=128, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
         num_experts_per_tok=2, n_group=2, topk_group=1, vocab_size=512, pad_token_id=0, **TINY_IDS)),
+    # Qwen3-VL (qwen3_vl: multimodal, its language model trained on text, as Qwen3.5's; PLT as qwen3_vl_plt,
+    # PLTMultimodalGPTModel). Text: 4 of 36 layers; vision: 3 small blocks, each feeding a deepstack merger (the
+    # published 3, into text layers 0-2: mcore-bridge asserts no more of them than text layers), hidden 128: 2.0 B
+    # (1.2 B of it the embedding and LM head)
+    'qwen3-vl-8b-cut': (QWEN3_VL_8B, dict(text_config=dict(num_hidden_layers=4), vision_config=dict(
+        VISION_CUT, depth=3, deepstack_visual_indexes=[0, 1, 2])), dict(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, vocab_size=512, **TINY_IDS,
+                         rope_scaling=dict(mrope_interleaved=True, mrope_section=[4, 6, 6], rope_type='default')),
+        vision_config=VISION_TOY, **TINY_MEDIA_IDS)),
 }  # yapf: disable
 NAMES = list(FAMILIES)
 DEFAULT = NAMES[:4]  # families.sh's default run (one H100, ~6 min)
@@ -655,8 +690,17 @@ def randomize(model, seed):
             t.copy_((base + std * torch.randn(t.shape, generator=g)).to(t.dtype))
 
 
+def _text_only_multimodal(cfg):
+    """Whether cfg is a multimodal checkpoint whose language model PLT trains on text (the family record's flag:
+    Qwen3.5, Qwen3-VL)."""
+    from swift_plt import families
+    record = families.family(cfg['model_type'])
+    return bool(record and record.text_only_multimodal)
+
+
 def write_qwen3_5_processor(out_dir):
-    """preprocessor_config.json / video_preprocessor_config.json as Qwen3.5's hub checkpoints ship them."""
+    """preprocessor_config.json / video_preprocessor_config.json as Qwen3-VL's and Qwen3.5's hub checkpoints ship
+    them (Qwen3VLProcessor)."""
     image = {'size': {'longest_edge': 16777216, 'shortest_edge': 65536}, 'patch_size': 16, 'temporal_patch_size': 2,
              'merge_size': 2, 'image_mean': [0.5, 0.5, 0.5], 'image_std': [0.5, 0.5, 0.5],
              'processor_class': 'Qwen3VLProcessor', 'image_processor_type': 'Qwen2VLImageProcessorFast'}
@@ -681,7 +725,7 @@ def write_model(name, out_dir, tok_dir, device='cpu', tiny=False, seed=0, layers
     randomize(model, seed)
     model.save_pretrained(out_dir, safe_serialization=True)
     del model
-    if cfg['model_type'] in ('qwen3_5', 'qwen3_5_moe'):  # ms-swift loads the checkpoint's processor (Qwen3-VL's)
+    if _text_only_multimodal(cfg):  # ms-swift loads the checkpoint's processor (Qwen3-VL's, Qwen3.5's too)
         write_qwen3_5_processor(out_dir)
     # the published format, not transformers' re-dump (transformers 5 drops full_attention_interval, which
     # mcore-bridge reads for the hybrids' layer pattern)

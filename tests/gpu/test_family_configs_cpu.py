@@ -14,6 +14,7 @@ sys.path.insert(0, HERE)
 import make_family_configs as mfc  # noqa: E402
 import parity  # noqa: E402
 
+from swift_plt import families  # noqa: E402
 from swift_plt.compat.transformers import is_transformers_5  # noqa: E402
 
 
@@ -24,14 +25,15 @@ CUT_PARAMS = {'qwen2.5-1.5b': 1.544e9, 'qwen3-1.7b': 1.721e9, 'qwen3-30b-a3b-cut
               'dots.llm1-cut': 3.866e9, 'kimi-k2-cut': 4.546e9, 'llama-3.2-1b': 1.236e9,
               'qwen3-next-80b-a3b-cut': 2.375e9, 'qwen3.5-27b-cut': 4.068e9, 'qwen3.5-35b-a3b-cut': 2.772e9,
               'gpt-oss-20b-cut': 4.451e9, 'olmoe-1b-7b-cut': 1.884e9, 'glm-4-9b-0414-cut': 2.057e9,
-              'minimax-m2-cut': 4.080e9, 'hy3-preview-cut': 3.834e9, 'ling-mini-2.0-cut': 3.144e9}
+              'minimax-m2-cut': 4.080e9, 'hy3-preview-cut': 3.834e9, 'ling-mini-2.0-cut': 3.144e9,
+              'qwen3-vl-8b-cut': 2.027e9}
 # the uncut published configs: the totals their model cards give (a mistyped width or count changes these)
 CARD_PARAMS = {'qwen1.5-moe-a2.7b-cut': 14.3e9, 'glm-4.5-air-cut': 106e9, 'glm-4.7-flash-cut': 30e9,
                'deepseek-v2-lite-cut': 15.7e9, 'ernie-4.5-0.3b': 0.36e9, 'ernie-4.5-21b-a3b-cut': 21.8e9,
                'dots.llm1-cut': 142e9, 'kimi-k2-cut': 1.03e12, 'llama-3.2-1b': 1.24e9,
                'qwen3-next-80b-a3b-cut': 80e9, 'qwen3.5-27b-cut': 27e9, 'qwen3.5-35b-a3b-cut': 35e9,
                'gpt-oss-20b-cut': 21e9, 'olmoe-1b-7b-cut': 6.9e9, 'glm-4-9b-0414-cut': 9.4e9, 'minimax-m2-cut': 230e9,
-               'hy3-preview-cut': 295e9, 'ling-mini-2.0-cut': 16e9}
+               'hy3-preview-cut': 295e9, 'ling-mini-2.0-cut': 16e9, 'qwen3-vl-8b-cut': 8.77e9}
 
 
 def test_groups_cover_every_family_once():
@@ -156,7 +158,7 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
                'qwen3.5-35b-a3b-cut': 'Qwen3_5MoeForConditionalGeneration', 'gpt-oss-20b-cut': 'GptOssForCausalLM',
                'olmoe-1b-7b-cut': 'OlmoeForCausalLM', 'glm-4-9b-0414-cut': 'Glm4ForCausalLM',
                'minimax-m2-cut': 'MiniMaxM2ForCausalLM', 'hy3-preview-cut': 'HYV3ForCausalLM',
-               'ling-mini-2.0-cut': 'BailingMoeV2ForCausalLM'}
+               'ling-mini-2.0-cut': 'BailingMoeV2ForCausalLM', 'qwen3-vl-8b-cut': 'Qwen3VLForConditionalGeneration'}
     assert set(classes) == set(mfc.NAMES)
     for name, cls in classes.items():
         if name not in BUILT:
@@ -164,6 +166,11 @@ def test_tiny_dirs_load_with_their_structure(tiny_dirs):
         d = tiny_dirs / name
         cfg = json.load(open(d / 'config.json'))
         assert cfg == mfc.family_config(name, tiny=True) and report[name]['model_type'] == cfg['model_type']
+        # a text-only multimodal family's checkpoint: text_config + vision_config, its processor files (ms-swift loads
+        # them), its class from `architectures`
+        text_only_multimodal = families.family(cfg['model_type']).text_only_multimodal
+        assert text_only_multimodal == parity.is_multimodal(cfg) == ('vision_config' in cfg), name
+        assert (d / 'preprocessor_config.json').exists() == text_only_multimodal, name
         with hf_rope_guard():
             model = mfc.model_class(cfg).from_pretrained(str(d), dtype=torch.float32)
         assert type(model).__name__ == cls
@@ -213,7 +220,8 @@ def test_patch_level_window_and_plt_types(tiny_dirs):
     assert parity.expected_plt_build('gpt_oss') == ('gpt_plt', 'PLTGPTModel')
     for model_type in ('olmoe', 'glm4', 'minimax_m2', 'hy_v3', 'bailing_moe', 'qwen3_next'):
         assert parity.expected_plt_build(model_type) == (model_type + '_plt', 'PLTGPTModel')
-    assert parity.expected_plt_build('qwen3_5_moe') == ('qwen3_5_plt', 'PLTMultimodalGPTModel')
+    for model_type, mcore_type in (('qwen3_5_moe', 'qwen3_5'), ('qwen3_vl', 'qwen3_vl')):
+        assert parity.expected_plt_build(model_type) == (mcore_type + '_plt', 'PLTMultimodalGPTModel')
 
 
 @pytest.fixture(scope='module')
@@ -253,21 +261,32 @@ def test_parity_records_the_hf_moe_routes(parity_hf_only):
         assert reference_line(r.stdout, name).endswith('; 2 MoE layers'), name
 
 
-@pytest.mark.skipif('qwen3.5-35b-a3b-cut' not in BUILT, reason='transformers without qwen3_5_moe')
-def test_parity_reference_runs_a_multimodal_checkpoint_on_text(tiny_dirs, tmp_path):
-    """parity.py --hf-only on the Qwen3.5-MoE toy dir: its language model on the pooled token embeddings (text
-    position ids), random ids below the media token ids, the MoE routes recorded."""
+# parity.py --hf-only on a text-only multimodal family's toy dir (the records' text_only_multimodal): name -> (its
+# class, how many MoE layers the reference reports: 0 for a dense one)
+MULTIMODAL_HF_ONLY = {'qwen3.5-35b-a3b-cut': ('Qwen3_5MoeForConditionalGeneration', 4),
+                      'qwen3-vl-8b-cut': ('Qwen3VLForConditionalGeneration', 0)}
+
+
+@pytest.mark.parametrize('name', list(MULTIMODAL_HF_ONLY))
+def test_parity_reference_runs_a_multimodal_checkpoint_on_text(tiny_dirs, tmp_path, name):
+    """parity.py --hf-only on a multimodal toy dir (Qwen3.5-MoE; Qwen3-VL, whose deepstack mergers stay unused on
+    text): its language model on the pooled token embeddings (text position ids), random ids below the media token
+    ids; a MoE one's routes recorded."""
+    skip_unbuilt(name)
+    cls, moe_layers = MULTIMODAL_HF_ONLY[name]
     out = tmp_path / 'p.json'
-    model = str(tiny_dirs / 'qwen3.5-35b-a3b-cut')
+    model = str(tiny_dirs / name)
     r = subprocess.run([sys.executable, os.path.join(HERE, 'parity.py'), '--model', model, '--random-ids', '--S', '32',
                         '--hf-only', '--hf-device', 'cpu', '--hf64-device', 'none', '--json', str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert 'PARITY summary: 2 lines, 0 failed' in r.stdout and '(Qwen3_5MoeForConditionalGeneration)' in r.stdout
-    assert '4 MoE layers' in r.stdout and 'timing HF PatchTrain K=4' in r.stdout
-    assert json.load(open(out))['model_types'] == {'qwen3.5-35b-a3b-cut': 'qwen3_5_moe'}
-    cfg = json.load(open(tiny_dirs / 'qwen3.5-35b-a3b-cut' / 'config.json'))
-    assert parity.id_limit(cfg) == 508 and parity.is_moe(cfg) and parity.is_multimodal(cfg)
+    assert 'PARITY summary: 2 lines, 0 failed' in r.stdout and f'({cls})' in r.stdout
+    moe_line = f'{moe_layers} MoE layers' if moe_layers else 'MoE layers'  # a dense one reports none
+    assert (moe_line in r.stdout) == bool(moe_layers) and 'timing HF PatchTrain K=4' in r.stdout
+    cfg = json.load(open(tiny_dirs / name / 'config.json'))
+    assert json.load(open(out))['model_types'] == {name: cfg['model_type']}
+    assert families.family(cfg['model_type']).text_only_multimodal
+    assert parity.id_limit(cfg) == 508 and parity.is_moe(cfg) == bool(moe_layers) and parity.is_multimodal(cfg)
 
 
 def test_random_batch_and_route_diff():
