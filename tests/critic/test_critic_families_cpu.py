@@ -364,3 +364,29 @@ def test_swift_export_hybrid_critic_round_trip(family, family_dirs, input_ids, t
     cls_name, values, _ = _hf_critic_values(str(tmp_path / 'hf'), input_ids)
     _, ref_values, _ = _hf_critic_values(critic, input_ids)
     assert cls_name == cls and torch.equal(values, ref_values)
+
+
+@pytest.mark.parametrize('family', ['qwen3', 'qwen3_5'])
+def test_template_builds_a_critics_dummy_model_by_its_type(family, family_dirs, monkeypatch):
+    """A multimodal template (Qwen3.5's rope index) builds a meta-device model of the run's checkpoint. Upstream
+    matches the dir's architectures, which the plugin's types do not match (Qwen3_5ForTokenClassification: none, so
+    'no suitable model_type' in the collator); the template names the critic's type instead. Others: upstream's way."""
+    from types import SimpleNamespace
+
+    import swift.model.model_meta as model_meta
+    import swift_plt.plugin.patches.swift_template as patch
+    from swift.template.base import Template
+    critic = family_dirs(family, critic=True)
+    if family == 'qwen3_5':
+        assert model_meta.get_matched_model_types(['Qwen3_5ForTokenClassification']) == []  # why it is needed
+        try:
+            import qwen_vl_utils  # noqa: F401  (ms-swift's Qwen3.5 processor needs it)
+        except ImportError:
+            pytest.skip('qwen_vl_utils is not installed (Qwen3.5\'s processor)')
+    info = SimpleNamespace(model_dir=critic, model_type=critic_for(family))
+    model = patch.plugin_dummy_model(info)
+    assert type(model).__name__ == CLS[family] + 'ForTokenClassification' and model.device.type == 'meta'
+    assert patch.plugin_dummy_model(SimpleNamespace(model_dir=critic, model_type=family)) is None
+    monkeypatch.setattr(patch, 'plugin_dummy_model', lambda i: ('built for', i.model_type))
+    tpl = SimpleNamespace(model=None, dummy_model=None, model_info=info)
+    assert Template._get_model(tpl) == ('built for', critic_for(family)) == tpl.dummy_model

@@ -2,7 +2,7 @@
 multiple of K (padding-free under CP: 2*CP*K) with its first patch -100; critic row targets encoded.
 ``_handle_megatron_cp`` / ``_get_megatron_cp_length``: CP padding 2*CP*K instead of 2*CP. ``_data_collator``: CP tail
 positions restart every 2*CP*K; critic targets collated like input_ids (docs/parallel-layouts.md#context-parallel,
-docs/critic_training.md).
+docs/critic_training.md). ``_get_model``: a plugin model type's meta-device model built by its type.
 """
 import functools
 
@@ -32,6 +32,7 @@ def apply(module):
     upstream_collator = guard(cls, '_data_collator', ['self', 'batch'], VERIFIED)
     upstream_cp_length = guard(cls, '_get_megatron_cp_length', ['self', 'length'], VERIFIED)  # row padding under CP
     upstream_handle_cp = guard(cls, '_handle_megatron_cp', ['self', 'batch'], VERIFIED)
+    upstream_get_model = guard(cls, '_get_model', ['self'], VERIFIED)
     if getattr(upstream, '_swift_plt', False):
         return
     from swift_plt.critic.data import TARGET_KEYS, TOKEN_KEYS, collate_token_lists, encode_targets
@@ -101,6 +102,27 @@ def apply(module):
 
     _data_collator._swift_plt = True
     cls._data_collator = _data_collator
+
+    @functools.wraps(upstream_get_model)
+    def _get_model(self):
+        if self.model is None and self.dummy_model is None:
+            self.dummy_model = plugin_dummy_model(self.model_info)
+        return upstream_get_model(self)
+
+    cls._get_model = _get_model
+
+
+def plugin_dummy_model(model_info):
+    """The meta-device model a multimodal template reads (Qwen3.5's rope index) for a plugin model type (a critic):
+    upstream builds it from the dir's ``architectures``, which the plugin's types do not match (swift_model.py); so
+    name the type. None for any other type (upstream's way)."""
+    from swift_plt.plugin.register import plugin_model_types
+    if getattr(model_info, 'model_type', None) not in plugin_model_types():
+        return None
+    import torch
+    from swift.model import get_model_processor
+    with torch.device('meta'):
+        return get_model_processor(model_info.model_dir, model_type=model_info.model_type, return_dummy_model=True)[0]
 
 
 def _plt_cp_tail_positions(res: dict, content: int, multiple: int) -> None:
