@@ -1,7 +1,7 @@
 """The run list of one quality call: its jobs (size, run, N, seed), their data files and a cost estimate (run.py).
 
 A job is one training pipeline, identified by (size, run, N, seed):
-    size   a make_models.SIZES name (no '_')
+    size   a make_models.SIZES or FAMILY_SIZES name (no '_')
     run    a variants.py name: a, b, c, b_k2, c_l34, ...
     N      the run's N as in variants.py: (a) trains on N tokens, (b) on N (two stages), (c) on 2N
     seed   megatron's --seed and --data_seed (the order of the rows) and the random init of the model
@@ -12,6 +12,7 @@ The run list of a call is the cross product of --sizes, --runs, --tokens and --s
     every run takes every seed, except (a): token-level on N takes only the first seed, unless it is the (a½) of a
     two-stage (b) run of the call (2N is in --tokens and a b-family run is in --runs), or --all_seeds.
     `ah` names (a½) itself: token-level on N/2, every seed (the same job as (a) at N/2: one run serves both).
+    (c) on N is the job (b) on 2N where the call has that one too (regime.py counts it so): it runs once, as (b).
 plus the explicit --jobs SIZE:RUN:N:SEED; duplicates run once. (a½) of (b) at N is token-level on the stream's
 first N/2 tokens, the data prefix (b) trains on, at about the same compute as (b).
 
@@ -40,8 +41,11 @@ STARTUP_S = 95  # one `megatron pt` launch without its steps: M (a) 178 s wall -
 EXPORT_S = 40  # one swift-plt-export-vanilla (measured 36-46 s)
 # seconds per optimizer step: (token level at T, patch level at K*T); XS: (a) 0.093-0.136, stage 2 0.114-0.13,
 # stage 1 0.067-0.088; M: (a) 0.131-0.183, stage 2 0.116-0.166, stage 1 0.077-0.109. tiny and S: not measured
-# (tiny as XS: these sizes are host-bound; S between XS and M).
-STEP_S = {'tiny': (0.12, 0.08), 'XS': (0.12, 0.08), 'S': (0.135, 0.09), 'M': (0.15, 0.10)}
+# (tiny as XS: these sizes are host-bound; S between XS and M). tinyMoE, tinyHybrid: not measured, guessed slower
+# (MoE: router, token dispatch and 8 expert GEMMs a layer; the hybrid on megatron-core's torch Gated DeltaNet,
+# run.py --gdn torch: a Python loop over the positions of each 64-position chunk and over the chunks, every layer).
+STEP_S = {'tiny': (0.12, 0.08), 'XS': (0.12, 0.08), 'S': (0.135, 0.09), 'M': (0.15, 0.10),
+          'tinyMoE': (0.15, 0.10), 'tinyHybrid': (0.20, 0.15)}
 
 
 def job_id(job):
@@ -131,6 +135,8 @@ def expand(sizes, runs, tokens, seeds, all_seeds=False, extra=(), corpus=None, f
                         add(job(size, run, n, s))
     for x in extra:
         add(x)
+    # (c) on N trains what (b) on 2N trains (the same cuts and steps: job_plan): one job, the (b)
+    out = [j for j in out if not (j.run[0] == 'c' and j._replace(run='b' + j.run[1:], N=2 * j.N) in out)]
     return with_starts(out)
 
 

@@ -1,4 +1,5 @@
-"""One run's processes for run.py: their environment, the `megatron pt` / export flags, the deadline."""
+"""One run's processes for run.py: their environment, the `megatron pt` / recipe / export commands, the deadline."""
+import math
 import os
 import shlex
 import signal
@@ -7,9 +8,19 @@ import sys
 import threading
 import time
 
+from make_models import model_type, structure
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-LR = {'tiny': 1e-3, 'XS': 2e-3, 'S': 1.4e-3, 'M': 1e-3}  # peak; ~1/sqrt(width), the same in every run of a size
+# peak; ~1/sqrt(width), the same in every run of a size (the other structures: tiny's)
+LR = {'tiny': 1e-3, 'XS': 2e-3, 'S': 1.4e-3, 'M': 1e-3, 'tinyMoE': 1e-3, 'tinyHybrid': 1e-3}
+# --gdn torch: a hybrid trains on megatron-core's torch Gated DeltaNet, padded rows (fla 0.6's backward is refused on
+# Hopper with Triton < 3.7.1: swift_plt.plugin.arguments.fla_hopper_problem); TE's attention must then be
+# deterministic too
+TORCH_GDN_ARGS = ['--padding_free', 'false', '--megatron_extra_kwargs', '{"deterministic_mode": true}']
+TORCH_GDN_ENV = {'NVTE_ALLOW_NONDETERMINISTIC_ALGO': '0'}
+# an MoE's load-balancing loss: Qwen3-MoE's router_aux_loss_coef (ms-swift's Megatron default is 0: none)
+MOE_ARGS = ['--moe_aux_loss_coeff', '1e-3']
 
 
 NOT_STARTED = 'not started (deadline)'
@@ -45,8 +56,9 @@ class Runner:
             env.pop('QUAL_GPU_LOCK', None)
         return env
 
-    def run(self, name, cmd, log):
-        """0 or the exit code; NOT_STARTED when less than MIN_LEFT s are left; KILLED when the deadline stopped it."""
+    def run(self, name, cmd, log, env=None):
+        """0 or the exit code; NOT_STARTED when less than MIN_LEFT s are left; KILLED when the deadline stopped it.
+        ``env``: variables added to the run's environment (structure_env)."""
         os.makedirs(os.path.dirname(log), exist_ok=True)
         t = time.time()
         left = self.deadline - t
@@ -56,8 +68,8 @@ class Runner:
         with open(log, 'w') as f:
             f.write('$ ' + shlex.join(cmd) + '\n')
             f.flush()
-            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env(), cwd=REPO,
-                                 start_new_session=True)
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(self.env(), **(env or {})),
+                                 cwd=REPO, start_new_session=True)
             with self.lock:
                 self.procs.append(p)
             try:
@@ -81,7 +93,19 @@ def step_status(step, rc):
     return f'{step} {rc}' if isinstance(rc, str) else f'{step} failed (rc={rc})'
 
 
+def torch_gdn(a, size):
+    """Whether the size's runs take megatron-core's torch Gated DeltaNet (a hybrid, --gdn torch)."""
+    return structure(size) == 'hybrid' and getattr(a, 'gdn', 'torch') == 'torch'
+
+
+def structure_env(a, size):
+    """Environment variables the size's `megatron` processes need (torch_gdn: TORCH_GDN_ENV)."""
+    return dict(TORCH_GDN_ENV) if torch_gdn(a, size) else {}
+
+
 def megatron_common(a, size, seed):
+    """The flags of every `megatron pt` of a job (token-level and both stages of the recipe): recipe, seed, logging,
+    CPU or GPU flags, and a size's structure flags (MoE: MOE_ARGS; torch_gdn: no packing, TORCH_GDN_ARGS)."""
     lr = a.lr or LR[size]
     args = ['--template', 'llama', '--packing', 'true', '--lr', str(lr),
             '--min_lr', str(lr / 10), '--lr_decay_style', 'cosine', '--lr_warmup_fraction', '0.05', '--seed', str(seed),
@@ -98,7 +122,31 @@ def megatron_common(a, size, seed):
         args[args.index('--packing') + 1] = 'false'  # no THD packing on CPU (TE only)
     else:
         args += ['--torch_dtype', 'bfloat16', '--attention_backend', 'fused']
+    if structure(size) == 'moe':
+        args += MOE_ARGS
+    if torch_gdn(a, size):
+        args[args.index('--packing') + 1] = 'false'  # padded rows (packing implies --padding_free true)
+        args += TORCH_GDN_ARGS[2:] if a.cpu else TORCH_GDN_ARGS  # CPU_MEGATRON_ARGS has --padding_free false
     return args
+
+
+def token_level_cmd(a, size, seed, model, dataset, iters, out_dir):
+    """`megatron pt` of a token-level run (a): the size's --model_type (make_models.model_type), T, G, iterations."""
+    return [exe('megatron'), 'pt', '--model', model, '--model_type', model_type(size), '--dataset', dataset,
+            '--max_length', str(a.seq), '--global_batch_size', str(a.gbs), '--micro_batch_size', str(a.mbs),
+            '--train_iters', str(iters), '--output_dir', out_dir, '--add_version', 'false', '--save_safetensors',
+            'false', *megatron_common(a, size, seed)]
+
+
+def recipe_cmd(a, size, seed, model, out_dir, tokens, K, lam, G1, files):
+    """`swift-plt-two-stage` of a (b)/(c) run on ``tokens``: the megatron_common flags go to both stages (the recipe
+    takes --model_type from config.json: llama3_2_plt for Llama, qwen3_moe, qwen3_5); ``files``: {'1', '2': data}."""
+    return [exe('swift-plt-two-stage'), '--model', model, '--output_dir', out_dir, '--tokens', str(tokens),
+            '--patch_size', str(K), '--lam', str(lam), '--max_length', str(a.seq), '--global_batch_size', str(a.gbs),
+            '--stage1_batch', a.stage1_batch, '--stage1_args',
+            f'--dataset {files["1"]} --micro_batch_size {math.gcd(a.mbs, G1)}',
+            '--stage2_args', f'--dataset {files["2"]} --micro_batch_size {a.mbs}',
+            '--export_args', shlex.join(export_args(a)), *megatron_common(a, size, seed)]
 
 
 def export_args(a):

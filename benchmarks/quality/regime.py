@@ -10,9 +10,10 @@ prints, per size and N, the held-out losses of
 and (b) vs (a½) = loss(b) / loss(a½) - 1 for each seed run of both (the same seed: the same init and data order
 seed), their mean and their spread (max - min over the seeds); (b) vs (a) likewise (the seeds (a) has). x = tokens
 per non-embedding parameter = N / (params - embedding params) (make_models.py; the embedding matrix is tied, so it
-is the input embedding and the LM head at once). A run that did not finish has no loss and is left out; (c) on N is
-the same run as (b) on 2N and is counted as that. Sweep variants (b_k2, b_l12, ...) are listed against (a½) and (a)
-with their compute ratio (not equal compute).
+is the input embedding and the LM head at once); of an MoE, per ACTIVE non-embedding parameter (those a token
+uses: top-k of the experts; report.py counts its FLOPs so; the table also per total one). A run that did not finish
+has no loss and is left out; (c) on N is the same run as (b) on 2N and is counted as that. Sweep variants (b_k2,
+b_l12, ...) are listed against (a½) and (a) with their compute ratio (not equal compute).
 
 What the points mean. Ours, (b) vs (a½): EQUAL COMPUTE (both ~0.5x of (a)): PLT on N tokens against token-level on
 the first N/2 of them; below 0 = PLT pays at a fixed compute budget (and uses twice the data). Beside it, (b) vs (a):
@@ -42,12 +43,12 @@ PAPER_NON_EMB = PAPER_LAYERS * (4 * PAPER_HIDDEN ** 2 + 3 * PAPER_HIDDEN * PAPER
 PAPER_PARAMS = PAPER_NON_EMB + 2 * PAPER_VOCAB * PAPER_HIDDEN
 # (D tokens, sign of PLT vs token-level on the same D: +1 worse, -1 better); values not found, sign only
 PAPER_370M = [(45e9, +1), (90e9, +1), (180e9, -1), (360e9, -1)]
-MARKERS = {'tiny': 'o', 'XS': 's', 'S': '^', 'M': 'D'}
+MARKERS = {'tiny': 'o', 'tinyMoE': 'P', 'tinyHybrid': 'X', 'XS': 's', 'S': '^', 'M': 'D'}
 
 
 def load(paths):
-    """Rows of finished runs: dicts size, run, N, seed, loss, non_emb, setup, source (c on N -> b on 2N). Rows of
-    continued pretraining (another corpus, a start model: continued.py) are left out."""
+    """Rows of finished runs: dicts size, run, N, seed, loss, non_emb (active), non_emb_total, setup, source (c on N
+    -> b on 2N). Rows of continued pretraining (another corpus, a start model: continued.py) are left out."""
     out = []
     for path in paths:
         if os.path.isdir(path):
@@ -67,7 +68,8 @@ def load(paths):
                 run, n = 'b' + run[1:], 2 * n
             lr = meta.get('lr', {}).get(r['size'])
             out.append({'size': r['size'], 'run': run, 'N': n, 'seed': r.get('seed', 42),
-                        'loss': r['heldout_loss'], 'non_emb': r['non_embedding_params'], 'K': K, 'lam': lam,
+                        'loss': r['heldout_loss'], 'non_emb_total': r['non_embedding_params'], 'K': K, 'lam': lam,
+                        'non_emb': r.get('active_non_embedding_params') or r['non_embedding_params'],
                         'setup': (meta['T'], meta['G'], lr, meta.get('stage1_batch', 'tokens'), bool(meta.get('cpu')),
                                   (meta.get('kit') or {}).get('train_tokens')),
                         'source': path})
@@ -100,7 +102,7 @@ def regime_table(rows, run='b'):
     """One entry per size and N of a `run` (default b: K=4, λ=2/3) with losses of (a), (a½), (b) per seed and the
     comparisons; sorted by size (rows' order) and N."""
     idx, _ = index(rows)
-    non_emb = {r['size']: r['non_emb'] for r in rows}
+    non_emb = {r['size']: (r['non_emb'], r.get('non_emb_total', r['non_emb'])) for r in rows}
     sizes = sorted({r['size'] for r in rows}, key=lambda s: (list(MARKERS).index(s) if s in MARKERS else 9, s))
     out = []
     for size in sizes:
@@ -108,7 +110,8 @@ def regime_table(rows, run='b'):
             b = idx[(size, run, n)]
             a = idx.get((size, 'a', n), {})
             ah = idx.get((size, 'a', n // 2), {})
-            out.append({'size': size, 'N': n, 'run': run, 'non_emb': non_emb[size], 'tpp': n / non_emb[size],
+            out.append({'size': size, 'N': n, 'run': run, 'non_emb': non_emb[size][0], 'tpp': n / non_emb[size][0],
+                        'non_emb_total': non_emb[size][1], 'tpp_total': n / non_emb[size][1],
                         'a': a, 'ah': ah, 'b': b, 'b_vs_ah': compare(b, ah), 'b_vs_a': compare(b, a)})
     return out
 
@@ -131,14 +134,15 @@ def seeds_text(d):
 
 
 def markdown(table, sweeps):
-    lines = [('| size | N | tokens / non-emb. param | (a) N | (a½) N/2 (seed) | (b) N (seed) | (b) vs (a½) per seed | '
-              '(b) vs (a½) mean | spread (max − min) | (b) vs (a) mean |'),
-             '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
+    lines = [('| size | N | tokens / non-emb. param (MoE: active) | total | (a) N | (a½) N/2 (seed) | (b) N (seed) | '
+              '(b) vs (a½) per seed | (b) vs (a½) mean | spread (max − min) | (b) vs (a) mean |'),
+             '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |']
     for e in table:
         c = e['b_vs_ah']
         per = ' / '.join(f'{pct(v)} ({s})' for s, v in c['per_seed'].items()) or '—'
         spread = '—' if len(c['per_seed']) < 2 else f"{100 * c['spread']:.2f} pp"
-        lines.append(f"| {e['size']} | {e['N']:,} | {e['tpp']:.2f} | {seeds_text(e['a'])} | {seeds_text(e['ah'])} | "
+        lines.append(f"| {e['size']} | {e['N']:,} | {e['tpp']:.2f} | {e['tpp_total']:.2f} | "
+                     f"{seeds_text(e['a'])} | {seeds_text(e['ah'])} | "
                      f"{seeds_text(e['b'])} | {per} | {pct(c['mean'])} | {spread} | {pct(e['b_vs_a']['mean'])} |")
     if sweeps:
         lines += ['', 'Sweeps (not equal compute: FLOP ratio λ/K + 1 − λ against (a); (a½) is 0.5):', '',
@@ -167,9 +171,11 @@ def plot(table, png):
             y = [100 * e[key]['mean'] for e in pts]
             err = [[100 * (e[key]['mean'] - e[key]['lo']) for e in pts],
                    [100 * (e[key]['hi'] - e[key]['mean']) for e in pts]]
-            ne = pts[0]['non_emb']
+            ne, nt = pts[0]['non_emb'], pts[0]['non_emb_total']
+            what = f'{ne / 1e6:.3f} M of {nt / 1e6:.3f} M non-emb. params active' if nt != ne else \
+                f'{ne / 1e6:.2f} M non-emb. params'
             ax.errorbar(x, y, yerr=err, marker=MARKERS.get(size, 'v'), ms=7, capsize=4, lw=1,
-                        label=f'ours, {size} ({ne / 1e6:.2f} M non-emb. params): mean over seeds, bar = min…max')
+                        label=f'ours, {size} ({what}): mean over seeds, bar = min…max')
             ys += [100 * e[key][k] for e in pts for k in ('lo', 'hi')]
         lim = max([abs(v) for v in ys] + [2.0])
         h = 0.15 * lim

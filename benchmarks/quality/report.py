@@ -5,10 +5,18 @@
 One row per job (size, run, N, seed; jobs.py) with its status: a job that did not finish (not started, killed at
 the deadline, failed) has no held-out loss. Older meta.json files (one N, seed 42, runs/SIZE_RUN) read the same.
 
-Compute per model position (a token at K=1, a patch at K=4; a stage-1 row of K*T tokens is T positions):
-    F = 6 * (P_nonemb + V*H)  +  6 * layers * H * T        (dense matmuls incl. the LM head; causal attention)
+Compute per model position (a token at K=1, a patch at K=4; a stage-1 row of K*T tokens is T positions), from
+make_models.py's fields (flops_per_position):
+    F = 6 * (P_active + V*H)  +  6 * L_attn * W_attn * T  +  24 * L_gdn * Hv*dk*dv
+        matmuls incl. the LM head; P_active = the non-embedding parameters a position uses: all of them (dense,
+        hybrid), or of an MoE the attention, norms, router and top-k of its experts (tinyMoE: 2 of 8, 75,136 of
+        222,592); causal attention over T in the L_attn attention layers of query width W_attn (heads x head_dim; a
+        dense model: every layer, W = H); the Gated DeltaNet's state update in its L_gdn layers (recurrent form, per
+        value head: decay, k·S, rank-1 update, q·S ~ 4 dk·dv multiply-adds, x 2 x 3 with the backward; its chunked
+        kernels do more, its convolution (kernel 4) is left out)
 so a run's FLOPs = F * (positions of stage 1 + positions of stage 2); the ratio to (a) is the plan's
-λ/K + 1 - λ (after rounding). The mean of K embeddings and the K-target loss are left out (O(K*H), O(K) a position).
+λ/K + 1 - λ (after rounding). The mean of K embeddings and the K-target loss are left out (O(K*H), O(K) a position);
+so is a Qwen3.5 checkpoint's vision tower (Megatron runs it on a blank 16x16 image once a micro batch, times 0).
 
 Continued pretraining (jobs on corpus B from a start model, run.py --continue_from): each row also has `corpus`,
 `from_n`, `start` (the start job's id), `heldout` ({'A': loss, 'B': loss}: eval.jsonl's NAME and NAME@B) and
@@ -21,6 +29,13 @@ import os
 import sys
 
 from variants import run_label
+
+
+def flops_per_position(m, T):
+    """F of the module docstring for a make_models.py record ``m`` (older records: dense, every layer attention)."""
+    active = m.get('active_non_embedding_params') or m['non_embedding_params']
+    return (6 * (active + m['vocab'] * m['hidden']) + 6 * m.get('attention_layers', m['layers']) *
+            m.get('attention_width', m['hidden']) * T + 24 * m.get('gdn_layers', 0) * m.get('gdn_state', 0))
 
 
 def read_jsonl(path):
@@ -82,7 +97,7 @@ def main():
     for job in meta_jobs(meta):
         size, run = job['size'], job['run']
         m = meta['models'][size]
-        F = 6 * (m['non_embedding_params'] + m['vocab'] * m['hidden']) + 6 * m['layers'] * m['hidden'] * T
+        F = flops_per_position(m, T)
         a_flops = F * job['a_iters'] * G * T  # token-level training on the job's N
         K, G1 = job['K'], job['G1']
         stages, x0, g0, toks, gpu = [], 0.0, 0.0, 0, 0.0
@@ -136,6 +151,8 @@ def main():
                      'stage2_first_losses': stages[1]['first_losses'] if len(stages) > 1 else None,
                      'a_iters': job['a_iters'],
                      'status': status, 'params': m['params'], 'non_embedding_params': m['non_embedding_params'],
+                     'active_non_embedding_params': m.get('active_non_embedding_params') or m['non_embedding_params'],
+                     'structure': m.get('structure', 'dense'), 'flops_per_position': F,
                      'tokens': toks, 'tokens_per_param': toks / m['params'], 'gpu_seconds': gpu,
                      'flops': x0 * a_flops, 'flop_ratio': x0, 'heldout_loss': loss,
                      'ppl': e.get('ppl') if loss is not None else None,
@@ -179,7 +196,10 @@ def main():
         loss = f(r['heldout_loss'], '.4f') if r['status'] == 'done' else r['status']
         lines.append(
             f"| {names[r['run']]}{where(r)} | {r['N']:,} | {r['seed']} | {r['size']} ({m['params'] / 1e6:.1f} M, "
-            f"{m['non_embedding_params'] / 1e6:.1f} M non-emb.) | {r['tokens'] / 1e6:.2f} M "
+            f"{m['non_embedding_params'] / 1e6:.{3 if m['non_embedding_params'] < 1e6 else 1}f} M non-emb."
+            + (f", {r['active_non_embedding_params'] / 1e6:.3f} M active"
+               if r['active_non_embedding_params'] != m['non_embedding_params'] else '')
+            + f") | {r['tokens'] / 1e6:.2f} M "
             f"({r['tokens_per_param']:.2f}) | {steps} | "
             f"{f(r['gpu_seconds'], '.1f')} ({f(r['gpu_ratio'], '.3f')}) | {r['flop_ratio']:.4f} | "
             f"{loss} ({'—' if r['loss_vs_a'] is None else format(r['loss_vs_a'], '+.2%')}) | "

@@ -6,6 +6,7 @@
 
 Per model size (make_models.py), on the same train-document stream and the same held-out rows:
   (a) token-level baseline: `megatron pt --model_type llama --train_iters N/(G*T)`        (compute 1.0)
+      (tinyMoE / tinyHybrid: --model_type qwen3_moe / qwen3_5, make_models.FAMILY_SIZES)
   (a½) `ah`: (a) on N/2 tokens, the first half of (b)'s data                                (compute 0.5)
   (b) `swift-plt-two-stage --tokens N --patch_size 4 --lam 2/3`                             (compute ~0.5)
   (c) `swift-plt-two-stage --tokens 2N --patch_size 4 --lam 2/3`                            (compute ~1.0)
@@ -18,8 +19,9 @@ megatron's --seed and --data_seed and its model's random init (jobs.init_seed). 
 on the stream's tokens [0, N); (b) stage 1 on [0, λN) cut into rows of K*T tokens, stage 2 on [λN, N) in rows of T
 tokens, so (a) and (b) see the same documents and no stage repeats the other's data; (c) likewise on [0, 2N) (one
 epoch). One file per distinct cut, shared by every job (any size or seed) that trains on it. Every final model is
-exported to a plain HF Llama (swift-plt-export-vanilla, also for (a)) and so is the end of stage 1 of (b) and (c)
-(unless --no_stage1_export); eval_heldout.py scores the models of the jobs that finished, with plain transformers.
+exported to the family's plain HF model (swift-plt-export-vanilla, also for (a)) and so is the end of stage 1 of (b)
+and (c) (unless --no_stage1_export); eval_heldout.py scores the models of the jobs that finished, with plain
+transformers.
 
 GPU time: the runs start concurrently (start-up is CPU work) but their training loops take turns on the GPU
 (gpu_lock.py: an fcntl lock from the first to the last step), so each run's GPU seconds are its training loops
@@ -41,13 +43,15 @@ continuation waits for its start job (without holding a --max_parallel slot) and
 (--export_starts TAR writes them: one folder per start job id); a reused start is not trained again. Every model is
 scored on held-out A and on the held-out rows of each corpus of the call (eval.jsonl names NAME and NAME@B);
 continued.py writes continued.md / continued.png.
+
+Other structures (README.md, "MoE and hybrid"): a size's model type and the flags its structure needs come from
+make_models.py and launch.py: a hybrid (Gated DeltaNet) trains on megatron-core's torch Gated DeltaNet on padded rows
+(--gdn torch, the default) and is scored on transformers' torch one (eval_heldout.py, QUAL_EVAL_GDN=torch).
 """
 import argparse
 import hashlib
 import json
-import math
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -58,7 +62,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from launch import KILLED, LR, NOT_STARTED, Runner, exe, export_args, megatron_common, step_status  # noqa: E402,F401
+from launch import (KILLED, LR, NOT_STARTED, Runner, exe, export_args, megatron_common, recipe_cmd,  # noqa: E402,F401
+                    step_status, structure_env, token_level_cmd)
 
 
 def plan_call(a, make_plan, parse_tokens, train_tokens=None, reused=()):
@@ -257,6 +262,10 @@ def main():
                     help='start models of an earlier call (--export_starts): a start job found there is not run again')
     ap.add_argument('--export_starts', default=None, metavar='TAR',
                     help='write the start models this call trained (exported HF) into TAR, one folder per start job id')
+    ap.add_argument('--gdn', default='torch', choices=['torch', 'fla'],
+                    help="a hybrid size's Gated DeltaNet in training: megatron-core's torch code on padded rows "
+                    "(torch: no Triton; fla 0.6 refuses its backward on Hopper GPUs with Triton < 3.7.1) or "
+                    "flash-linear-attention's kernels on packed rows (fla)")
     ap.add_argument('--plan_only', action='store_true', help='print the run list and the estimate; run nothing')
     ap.add_argument('--cpu', action='store_true', help='CPU dry run through the test harness flags')
     a = ap.parse_args()
@@ -362,33 +371,25 @@ def main():
         m = {'dir': hf_dir(start)} if start else models[J.model_key(job.size, job.seed)]
         out = os.path.join(a.work, 'runs', jid)
         shutil.rmtree(out, ignore_errors=True)  # never a model of an earlier call in the same work dir
-        common = megatron_common(a, job.size, job.seed)
+        env = structure_env(a, job.size)  # e.g. a hybrid on megatron-core's torch Gated DeltaNet
         logs = os.path.join(out, 'logs')
         files = {k: os.path.join(data, f + '.jsonl') for k, f in i['files'].items()}
         if job.run == 'a':
-            cmd = [exe('megatron'), 'pt', '--model', m['dir'], '--model_type', 'llama', '--dataset', files['a'],
-                   '--max_length', str(T), '--global_batch_size', str(G), '--micro_batch_size', str(a.mbs),
-                   '--train_iters', str(i['steps'][0]), '--output_dir', os.path.join(out, 'token'),
-                   '--add_version', 'false', '--save_safetensors', 'false', *common]
-            why = step_status('train', runner.run(f'{jid} train', cmd, os.path.join(logs, 'train.log')))
+            cmd = token_level_cmd(a, job.size, job.seed, m['dir'], files['a'], i['steps'][0],
+                                  os.path.join(out, 'token'))
+            why = step_status('train', runner.run(f'{jid} train', cmd, os.path.join(logs, 'train.log'), env))
             if why is None:
                 why = step_status('export', runner.run(f'{jid} export', [
                     exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'token'), '--output_dir',
-                    os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log')))
+                    os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log'), env))
             status[job] = why or 'done'
             return
         base, Kr, lam_r = parse_run(job.run)
         plan = i['plan']
-        G1 = plan.stage1.global_batch_size
-        recipe = [exe('swift-plt-two-stage'), '--model', m['dir'], '--output_dir', out, '--tokens',
-                  str(job.N if base == 'b' else 2 * job.N), '--patch_size', str(Kr), '--lam', str(lam_r),
-                  '--max_length', str(T), '--global_batch_size', str(G),
-                  '--stage1_batch', a.stage1_batch, '--stage1_args',
-                  f'--dataset {files["1"]} --micro_batch_size {math.gcd(a.mbs, G1)}',
-                  '--stage2_args', f'--dataset {files["2"]} --micro_batch_size {a.mbs}',
-                  '--export_args', shlex.join(export_args(a)), *common]
+        recipe = recipe_cmd(a, job.size, job.seed, m['dir'], out, job.N if base == 'b' else 2 * job.N, Kr, lam_r,
+                            plan.stage1.global_batch_size, files)
         why = step_status('stage 1', runner.run(f'{jid} stage1', recipe + ['--stage', '1'],
-                                                os.path.join(out, 'runner_stage1.log')))
+                                                os.path.join(out, 'runner_stage1.log'), env))
         if why:
             status[job] = why
             return
@@ -396,10 +397,10 @@ def main():
         if not a.no_stage1_export:
             t = threading.Thread(target=runner.run, args=(f'{jid} export stage1', [
                 exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'stage1_patch'), '--output_dir',
-                os.path.join(out, 'hf_stage1'), *export_args(a)], os.path.join(out, 'export_stage1_run.log')))
+                os.path.join(out, 'hf_stage1'), *export_args(a)], os.path.join(out, 'export_stage1_run.log'), env))
             t.start()
         why = step_status('stage 2 + export', runner.run(f'{jid} stage2+export', recipe,
-                                                          os.path.join(out, 'runner_all.log')))
+                                                          os.path.join(out, 'runner_all.log'), env))
         if t:
             t.join()
         status[job] = why or 'done'
@@ -456,7 +457,7 @@ def main():
         if job.run != 'a' and os.path.isdir(os.path.join(out, 'hf_stage1')):  # the end of stage 1
             targets.append(f"{info[job]['id']}_stage1={os.path.join(out, 'hf_stage1')}")
         targets.append(f"{info[job]['id']}={hf_dir(job)}")
-    env = dict(os.environ, SWIFT_PLT_DISABLE='1')
+    env = dict(os.environ, SWIFT_PLT_DISABLE='1', QUAL_EVAL_GDN='torch')  # a hybrid: no Triton compile in the eval
     if a.cpu:
         env.pop('PYTHONPATH', None)
         env['QUAL_EVAL_ROWS'] = '8'  # the CPU dry run scores 8 rows, not all 512

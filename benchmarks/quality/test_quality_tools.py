@@ -263,3 +263,125 @@ def test_quality_deadline_steps_are_not_started_or_killed_and_never_results(tmp_
     assert rows['XS_a_n1000_s42']['heldout_loss'] == 5.0 and rows['XS_a_n1000_s43']['heldout_loss'] is None
     assert rows['XS_a_n1000_s43']['status'] == run.KILLED
     assert 'Not finished (no result): XS_a_n1000_s43 (killed at the deadline)' in (out / 'results.md').read_text()
+
+
+def test_quality_run_list_of_a_structure_call_runs_c_on_n_once_as_b_on_2n():
+    """--runs a ah b c --tokens 5M 10M --seeds 42 43 (a call of the MoE / hybrid regime map): 11 jobs a size; (c) on
+    5 M trains what (b) on 10 M trains (the same cuts and steps) and runs once, as that (b)."""
+    J = _jobs()
+    from swift_plt.recipe.plan import make_plan
+    M = 1_000_000
+    jobs = J.expand(['tinyMoE'], ['a', 'ah', 'b', 'c'], [5 * M, 10 * M], [42, 43])
+    assert sorted((j.run, j.N, j.seed) for j in jobs) == [
+        ('a', 2_500_000, 42), ('a', 2_500_000, 43), ('a', 5 * M, 42), ('a', 5 * M, 43), ('a', 10 * M, 42),
+        ('b', 5 * M, 42), ('b', 5 * M, 43), ('b', 10 * M, 42), ('b', 10 * M, 43), ('c', 10 * M, 42), ('c', 10 * M, 43)]
+    c, b = J.Job('XS', 'c_k2', 5 * M, 42), J.Job('XS', 'b_k2', 10 * M, 42)
+    assert J.job_plan(c, 512, 32, 'tokens', make_plan)[1] == J.job_plan(b, 512, 32, 'tokens', make_plan)[1]
+    assert J.expand(['XS'], ['c_k2'], [5 * M], [42], extra=[b]) == [b]
+    assert J.expand(['XS'], ['c_k2'], [5 * M], [42, 43], extra=[b]) == [J.Job('XS', 'c_k2', 5 * M, 43), b]
+
+
+@pytest.fixture(scope='module')
+def structure_models(tmp_path_factory):
+    """make_models.py's tiny (Llama), tinyMoE (Qwen3-MoE) and tinyHybrid (Qwen3.5) on a 300-id tokenizer."""
+    import transformers
+    if not hasattr(transformers, 'Qwen3_5Config'):
+        pytest.skip(f'transformers {transformers.__version__} has no Qwen3.5')
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {t: i for i, t in enumerate(['<unk>', '<s>', '</s>', '<pad>'] + [f'w{i}' for i in range(296)])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token='<unk>'))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    root = tmp_path_factory.mktemp('structures')
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token='<s>', eos_token='</s>', pad_token='<pad>',
+                                         unk_token='<unk>').save_pretrained(str(root / 'tok'))
+    _jobs()
+    mm = _load('quality_make_models', 'make_models.py')
+    return mm, {s: mm.make(str(root / 'tok'), str(root / s), s) for s in ('tiny', 'tinyMoE', 'tinyHybrid')}
+
+
+def test_quality_structure_sizes_match_the_dense_tiny_per_token(structure_models):
+    """tinyMoE: its active non-embedding parameters (attention, router, 2 of 8 experts) and tinyHybrid: all of its
+    own (3 Gated DeltaNet + 1 attention layer, the vision tower not counted) within 10 % of tiny's 74,048; the
+    FLOPs per position likewise (report.py: active parameters, attention layers, Gated DeltaNet state)."""
+    import json
+    mm, m = structure_models
+    tiny, moe, hyb = m['tiny'], m['tinyMoE'], m['tinyHybrid']
+    assert tiny['non_embedding_params'] == 74_048 and tiny['model_type'] == 'llama'
+    # MoE by hand: attention 4*64*16 * 2 (q, o) + 2*64*16 * 2 (k, v) + QK-norm 32, router 8*64, norms 128, per layer
+    # 8 experts of 3*64*64 (2 active); final norm 64
+    per_layer = 12_288 + 32 + 512 + 128
+    assert moe['non_embedding_params'] == 2 * (per_layer + 8 * 12_288) + 64 == 222_592
+    assert moe['active_non_embedding_params'] == 2 * (per_layer + 2 * 12_288) + 64 == 75_136
+    assert (moe['experts'], moe['top_k'], moe['model_type'], moe['structure']) == (8, 2, 'qwen3_moe', 'moe')
+    assert hyb['non_embedding_params'] == hyb['active_non_embedding_params'] == 72_360
+    assert (hyb['attention_layers'], hyb['gdn_layers'], hyb['gdn_state'], hyb['vision_params']) == (1, 3, 1024, 34_400)
+    for x in (moe['active_non_embedding_params'], hyb['non_embedding_params']):
+        assert abs(x / tiny['non_embedding_params'] - 1) < 0.1
+    assert moe['non_embedding_params'] / moe['active_non_embedding_params'] > 2.9  # 6 of 8 experts idle a token
+    for rec in m.values():  # tied embeddings, the kit's vocabulary, the init seed rule's seed
+        assert rec['tied_embeddings'] and rec['embedding_params'] == 300 * rec['hidden'] and rec['init_seed'] == 0
+        with open(os.path.join(rec['dir'], 'config.json')) as f:
+            cfg = json.load(f)
+        assert cfg['model_type'] == rec['model_type'] == mm.model_type(rec['size']) and cfg['tie_word_embeddings']
+    with open(os.path.join(hyb['dir'], 'config.json')) as f:
+        cfg = json.load(f)
+    assert cfg['architectures'] == ['Qwen3_5ForConditionalGeneration']
+    assert cfg['text_config']['full_attention_interval'] == 4  # mcore-bridge reads it
+    assert cfg['text_config']['layer_types'] == ['linear_attention'] * 3 + ['full_attention']
+    assert os.path.exists(os.path.join(hyb['dir'], 'preprocessor_config.json'))  # ms-swift loads the processor
+    rep = _load('quality_report', 'report.py')
+    T = 512
+    f_tiny = rep.flops_per_position(tiny, T)
+    assert f_tiny == 6 * (74_048 + 300 * 64) + 6 * 2 * 64 * T  # the dense formula as before
+    assert rep.flops_per_position(moe, T) == f_tiny + 6 * (75_136 - 74_048)
+    assert rep.flops_per_position(hyb, T) == 6 * (72_360 + 300 * 32) + 6 * 1 * 64 * T + 24 * 3 * 1024
+
+
+def test_quality_structure_flags_reach_the_commands(structure_models, tmp_path):
+    """Each size's --model_type reaches the token-level `megatron pt`; the structure's flags (MoE: the load-balancing
+    loss; the hybrid's torch Gated DeltaNet, --gdn torch: padded rows, deterministic_mode,
+    NVTE_ALLOW_NONDETERMINISTIC_ALGO=0) reach it and both stages of the two-stage recipe (its --dry_run), which takes
+    the family from config.json; MoE and Llama runs keep packing."""
+    import shlex
+    import subprocess
+    from types import SimpleNamespace
+    _, m = structure_models
+    run = _load('quality_run_cmds', 'run.py')
+    a = SimpleNamespace(lr=None, logging_steps=5, num_proc=2, cpu=False, seq=512, gbs=32, mbs=32,
+                        stage1_batch='tokens', gdn='torch')
+
+    def flag(cmd, name):
+        return [cmd[i + 1] for i, x in enumerate(cmd) if x == name]
+
+    det = '{"deterministic_mode": true}'
+    for size, mtype, packing, extra in (('tiny', 'llama', 'true', []), ('tinyMoE', 'qwen3_moe', 'true', []),
+                                        ('tinyHybrid', 'qwen3_5', 'false', [det])):
+        cmd = run.token_level_cmd(a, size, 43, m[size]['dir'], 'd.jsonl', 10, str(tmp_path / size))
+        assert flag(cmd, '--model_type') == [mtype] and flag(cmd, '--packing') == [packing]
+        assert flag(cmd, '--megatron_extra_kwargs') == extra and flag(cmd, '--seed') == ['43']
+        assert flag(cmd, '--padding_free') == (['false'] if extra else [])
+        assert flag(cmd, '--moe_aux_loss_coeff') == (['1e-3'] if size == 'tinyMoE' else [])
+        assert run.structure_env(a, size) == ({'NVTE_ALLOW_NONDETERMINISTIC_ALGO': '0'} if extra else {})
+    cpu = SimpleNamespace(**dict(vars(a), cpu=True))  # the CPU flags already pad: --padding_free once
+    assert flag(run.token_level_cmd(cpu, 'tinyHybrid', 42, 'M', 'd', 1, 'o'), '--padding_free') == ['false']
+    fla = SimpleNamespace(**dict(vars(a), gdn='fla'))  # flash-linear-attention's kernels: packed rows as the others
+    assert flag(run.megatron_common(fla, 'tinyHybrid', 42), '--packing') == ['true']
+    assert run.structure_env(fla, 'tinyHybrid') == {}
+    files = {'1': str(tmp_path / 's1.jsonl'), '2': str(tmp_path / 's2.jsonl')}
+    procs = {size: subprocess.Popen(run.recipe_cmd(a, size, 42, m[size]['dir'], str(tmp_path / f'r_{size}'),
+                                                   10_000_000, 4, '2/3', 8, files) + ['--dry_run'],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
+             for size in ('tinyHybrid', 'tinyMoE')}  # both at once (each ~20 s of imports)
+    for size, p in procs.items():
+        out = p.communicate()[0]
+        assert p.returncode == 0, out
+        stages = [shlex.split(line.split('$ ', 1)[1]) for line in out.splitlines()
+                  if '$ ' in line and 'megatron pt ' in line]
+        assert len(stages) == 2
+        hybrid = size == 'tinyHybrid'
+        for cmd in stages:
+            assert flag(cmd, '--model_type') == [m[size]['model_type']] and flag(cmd, '--template') == ['llama']
+            assert flag(cmd, '--packing') == ['false' if hybrid else 'true']
+            assert flag(cmd, '--padding_free') == (['false'] if hybrid else [])
+            assert flag(cmd, '--megatron_extra_kwargs') == ([det] if hybrid else [])
+            assert flag(cmd, '--moe_aux_loss_coeff') == ([] if hybrid else ['1e-3'])
