@@ -41,11 +41,11 @@ STARTUP_S = 95  # one `megatron pt` launch without its steps: M (a) 178 s wall -
 EXPORT_S = 40  # one swift-plt-export-vanilla (measured 36-46 s)
 # seconds per optimizer step: (token level at T, patch level at K*T); XS: (a) 0.093-0.136, stage 2 0.114-0.13,
 # stage 1 0.067-0.088; M: (a) 0.131-0.183, stage 2 0.116-0.166, stage 1 0.077-0.109. tiny and S: not measured
-# (tiny as XS: these sizes are host-bound; S between XS and M). tinyMoE, tinyHybrid: not measured, guessed slower
-# (MoE: router, token dispatch and 8 expert GEMMs a layer; the hybrid on megatron-core's torch Gated DeltaNet,
-# run.py --gdn torch: a Python loop over the positions of each 64-position chunk and over the chunks, every layer).
+# (tiny as XS: these sizes are host-bound; S between XS and M). 8 at once on an H200 (2026-11-29): tinyMoE (a)
+# 0.09-0.15, stage 1 0.08-0.11; tinyHybrid (megatron-core's torch Gated DeltaNet, run.py --gdn torch) (a) 0.26-0.43,
+# stage 2 0.25-0.28, stage 1 0.27-0.42.
 STEP_S = {'tiny': (0.12, 0.08), 'XS': (0.12, 0.08), 'S': (0.135, 0.09), 'M': (0.15, 0.10),
-          'tinyMoE': (0.15, 0.10), 'tinyHybrid': (0.20, 0.15)}
+          'tinyMoE': (0.15, 0.10), 'tinyHybrid': (0.40, 0.40)}
 
 
 def job_id(job):
