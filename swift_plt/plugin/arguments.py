@@ -119,16 +119,22 @@ def hybrid_problems(args) -> list:
     extra = json.loads(extra) if isinstance(extra, str) else extra
     if extra.get('deterministic_mode') or getattr(args, 'deterministic_mode', False):
         return []  # megatron-core's torch Gated DeltaNet, not fla's kernels
+    problem = fla_backward_problem()
+    return [problem] if problem else []
+
+
+def fla_backward_problem() -> Optional[str]:
+    """Why fla's Gated DeltaNet backward would not run on this process's GPU (``fla_hopper_problem``); None where
+    it would, or where fla does not run (no CUDA, no Triton) or tilelang replaces Triton."""
     import torch
     if not torch.cuda.is_available() or importlib.util.find_spec('tilelang') is not None:
-        return []
+        return None
     try:
         import triton
     except ImportError:
-        return []
-    problem = fla_hopper_problem(torch.cuda.get_device_capability(int(os.environ.get('LOCAL_RANK', 0))),
-                                 triton.__version__)
-    return [problem] if problem else []
+        return None
+    return fla_hopper_problem(torch.cuda.get_device_capability(int(os.environ.get('LOCAL_RANK', 0))),
+                              triton.__version__)
 
 
 def fla_hopper_problem(capability, triton_version):

@@ -164,20 +164,9 @@ def spec_model_type(spec):
 def gdn_choice():
     """(path, why) of a hybrid's Megatron Gated DeltaNet on this machine: 'torch' (megatron-core's, deterministic_mode)
     where fla refuses its backward (swift_plt.plugin.arguments.fla_hopper_problem), else 'fla'."""
-    import importlib.util
-    if not torch.cuda.is_available():
-        return 'fla', 'no CUDA'
-    if importlib.util.find_spec('tilelang') is not None:
-        return 'fla', 'tilelang installed'
-    try:
-        import triton
-    except ImportError:
-        return 'fla', 'no Triton'
-    from swift_plt.plugin.arguments import fla_hopper_problem
-    cap = torch.cuda.get_device_capability(0)
-    bad = fla_hopper_problem(cap, triton.__version__)
-    return ('torch' if bad else 'fla'), (f'Triton {triton.__version__}, compute capability {cap[0]}.{cap[1]}'
-                                         f'{": fla refuses its backward here" if bad else ""}')
+    from swift_plt.plugin.arguments import fla_backward_problem
+    problem = fla_backward_problem()
+    return ('torch', f'fla refuses its backward here: {problem}') if problem else ('fla', 'fla runs its backward here')
 
 
 def keep_interval(out, lm_cfg):

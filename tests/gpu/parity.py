@@ -437,28 +437,17 @@ def gdn_path(model_dir):
     backward on this GPU and Triton (swift_plt.plugin.arguments.fla_hopper_problem: Hopper with Triton 3.4.0 to
     3.7.0, no tilelang). Forward only here, but the plugin refuses K > 1 on such a machine unless the torch path is
     chosen, so parity checks what trains there. None for the other families."""
-    from swift_plt.families import HYBRID_MCORE_TYPES
-    if read_config(model_dir)['model_type'] not in HYBRID_MCORE_TYPES:
+    from swift_plt import families
+    family = families.family(read_config(model_dir)['model_type'])
+    if family is None or not family.linear_attention:
         return None, ''
     extra = MG_KWARGS.get('megatron_extra_kwargs') or {}
     extra = json.loads(extra) if isinstance(extra, str) else extra
     if extra.get('deterministic_mode'):
         return 'torch', 'deterministic_mode given in --mg-kwargs'
-    if not torch.cuda.is_available():
-        return 'fla', 'no CUDA'
-    import importlib.util
-    if importlib.util.find_spec('tilelang') is not None:
-        return 'fla', 'tilelang installed'
-    try:
-        import triton
-    except ImportError:
-        return 'fla', 'no Triton'
-    from swift_plt.plugin.arguments import fla_hopper_problem
-    problem = fla_hopper_problem(torch.cuda.get_device_capability(torch.cuda.current_device()), triton.__version__)
-    if problem:
-        return 'torch', f'fla refuses its backward here: Triton {triton.__version__} on compute capability ' \
-            f'{".".join(map(str, torch.cuda.get_device_capability(torch.cuda.current_device())))}'
-    return 'fla', f'Triton {triton.__version__}'
+    from swift_plt.plugin.arguments import fla_backward_problem
+    problem = fla_backward_problem()
+    return ('torch', f'fla refuses its backward here: {problem}') if problem else ('fla', 'fla runs its backward here')
 
 
 def target_device():
