@@ -107,6 +107,10 @@ def _outcomes(cases):
             out[name] = str(e)
         except TypeError as e:  # e.g. an mcore-bridge without moe_n_hash_layers
             out[name] = f'skip: {e}'
+        except AssertionError as e:  # megatron-core < 0.18 itself: its Gated DeltaNet has no CP, at any K
+            if 'Gated delta net does not support context parallel' not in str(e):
+                raise
+            out[name] = f'skip: the installed megatron-core refuses it before the guard, at any K ({e})'
         finally:
             undo()
     return out
