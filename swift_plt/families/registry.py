@@ -1,5 +1,6 @@
 """The family records collected, and every table and rule derived from them: which HF model types train at K > 1,
 through which mcore-bridge type, loader and bridge, which are refused and why. Imports no torch."""
+import os
 from typing import Dict, Optional
 
 from swift_plt.families import dense, hybrid, mcore_types, mla, moe
@@ -134,8 +135,6 @@ def linear_attention_problems(context_parallel_size) -> list:
     """What a Gated-DeltaNet hybrid (``Family.linear_attention``) cannot do at K > 1 under context parallel: the
     installed megatron-core's Gated DeltaNet needs CP (>= 0.18: its all-to-all over patches), and mcore-bridge's
     transformers-module path (``USE_MCORE_GDN=0``) asserts CP == 1 at any K. The CLI and the model config both ask."""
-    import os
-
     from swift_plt.compat.versions import gdn_context_parallel_problem
     if (context_parallel_size or 1) <= 1:
         return []

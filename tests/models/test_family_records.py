@@ -8,8 +8,6 @@ from swift_plt import families
 from swift_plt.critic.families import CRITIC_FAMILIES, NO_CRITIC
 
 PACKAGE = pathlib.Path(swift_plt.__file__).parent
-# (module, name): why the name may stand there
-ALLOWED = {}
 
 
 def model_type_names() -> set:
@@ -37,7 +35,7 @@ def test_no_module_outside_the_records_names_a_model_type():
     names = model_type_names()
     found = [f'{p.relative_to(PACKAGE)}:{line} {value!r}' for p in product_modules()
              for line, value in string_constants(p)
-             if value in names and (str(p.relative_to(PACKAGE)), value) not in ALLOWED]
+             if value in names]
     assert not found, 'model types named outside swift_plt/families/ (put the fact in the record): ' + ', '.join(found)
 
 
