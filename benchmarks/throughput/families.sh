@@ -26,7 +26,8 @@
 #      (/tmp/plt_tput_families), EXTRA_ARGS (appended to every megatron pt), NPROC (GPUs of every run, 1; the
 #      layout's flags in EXTRA_ARGS), SWIFT_PLT_GPU_ENV (sourced first),
 #      RUNS (run names, default LABEL_stock LABEL_plt4 per model; LABEL_plt1 adds the plugin at K=1), PROFILE_STEP
-#      (n: step n of the first round's runs under torch.profiler; the summary prints K=4 against plt1, else stock).
+#      (n: step n of the first round's runs under torch.profiler; the summary prints K=4 against plt1, else stock),
+#      WARMUP (1: one unmeasured run of the first name before round 1, e.g. to fill a cold Triton cache).
 set -o pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
@@ -78,7 +79,7 @@ ELAPSED=$(python3 -c "import time; print(time.time() - $T0)")
 echo "TPUT setup done after ${ELAPSED%.*} s"
 python3 benchmarks/throughput/tput_launch.py --work "$W" "${FAMILY_ARGS[@]}" --template default --data-k1 "$W/text.jsonl" --data-k4 "$W/text.jsonl" \
   --rounds "$ROUNDS" --rounds-m8 0 --mbs "$MBS" --gbs "$GBS" --iters "$ITERS" --lookahead "$LOOKAHEAD" \
-  --profile-step "${PROFILE_STEP:-0}" ${RUNS:+--names "$RUNS"} \
+  --profile-step "${PROFILE_STEP:-0}" ${RUNS:+--names "$RUNS"} ${WARMUP:+--warmup} \
   --turn-secs "$TURN_SECS" --run-timeout "${RUN_TIMEOUT:-150}" --deadline "$(python3 -c "print($T0 + $BUDGET - 10)")" \
   --nproc "${NPROC:-1}" --extra-args="${EXTRA_ARGS:-}" ${MEGATRON:+--megatron "$MEGATRON"}
 python3 benchmarks/throughput/families_summary.py "$W" --warm "$WARM" --json "$OUT/families_throughput.json"

@@ -64,7 +64,7 @@ def summarize(work, warm):
     out = {}
     for (name, rnd), (meta, rows) in sorted(load(os.path.join(work, 'probes')).items()):
         lk = split_name(meta.get('name') or name)
-        if lk is None:
+        if lk is None or rnd == 0:  # round 0: WARMUP's run, in no figure
             continue
         f = run_figures(rows, meta, warm, meta.get('gbs') or 0)
         if f is None:

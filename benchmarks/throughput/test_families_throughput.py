@@ -94,6 +94,7 @@ def test_families_summary_ratios_noise_and_swift_figures(tmp_path, capsys):
     write_run(work, 'dense_plt4_r2', 'dense_plt4', 4, 0.50, sp)
     write_run(work, 'moe_stock_r1', 'moe_stock', 1, 1.0, sp)
     write_run(work, 'moe_plt4_r1', 'moe_plt4', 4, 1.1, sp)
+    write_run(work, 'moe_stock_r0', 'moe_stock', 1, 3.0, sp)  # WARMUP's run: in no ratio, no noise floor
     assert families_summary.main([str(work), '--warm', '3', '--json', str(tmp_path / 'f.json')]) == 0
     out = capsys.readouterr().out
     s = json.load(open(tmp_path / 'f.json'))
