@@ -39,6 +39,8 @@ TINY_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, p
 PROCESSOR = {'size': {'longest_edge': 16777216, 'shortest_edge': 65536}, 'patch_size': 16, 'temporal_patch_size': 2,
              'merge_size': 2, 'image_mean': [0.5] * 3, 'image_std': [0.5] * 3, 'processor_class': 'Qwen3VLProcessor'}
 MAX_POS = 2048
+KIT_TOKENIZER = 'tokenization_kit.py'  # a qwen3_5 model dir's tokenizer class (keep_kit_tokenizer)
+SAMPLE = 'def f(x):\n    return x  # ünïcode, 3.14 and  two  spaces\n\nThe end. '
 
 
 def model_type(size):
@@ -52,6 +54,45 @@ def structure(size):
 
 
 def make(tok_dir, out, size, seed=0):
+    """The model of a size in ``out``; SystemExit when its tokenizer, loaded as ms-swift loads it, gives other ids
+    than the kit's (the run would train on other ids than the held-out set scores)."""
+    rec = _make(tok_dir, out, size, seed)
+    problem = tokenizer_problem(out, tok_dir)
+    if problem:
+        raise SystemExit(problem)
+    return rec
+
+
+def keep_kit_tokenizer(out):
+    """transformers 5.19 (not 5.17) loads a qwen3_5 checkpoint's tokenizer as Qwen3_5Tokenizer whatever class it
+    names, and that class rebuilds Qwen's pre-tokenizer: other ids than the kit's. An auto_map to a plain fast
+    tokenizer (ms-swift loads with trust_remote_code) keeps the kit's tokenizer.json as it is."""
+    with open(os.path.join(out, 'tokenizer_config.json')) as f:
+        cfg = json.load(f)
+    cfg['auto_map'] = {'AutoTokenizer': [None, 'tokenization_kit.KitTokenizer']}
+    with open(os.path.join(out, 'tokenizer_config.json'), 'w') as f:
+        json.dump(cfg, f, indent=2)
+    with open(os.path.join(out, KIT_TOKENIZER), 'w') as f:
+        f.write('from transformers import PreTrainedTokenizerFast\n\n\nclass KitTokenizer(PreTrainedTokenizerFast):\n'
+                '    """The kit\'s tokenizer.json as it is."""\n')
+
+
+def tokenizer_problem(model_dir, tok_dir):
+    """None when ``model_dir``'s tokenizer (AutoTokenizer, trust_remote_code, as ms-swift loads it) encodes a sample
+    and the kit's first ids decoded as the kit tokenizer does; else what differs."""
+    import transformers
+    kit = transformers.AutoTokenizer.from_pretrained(tok_dir)
+    got = transformers.AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
+    text = SAMPLE + kit.decode(list(range(min(len(kit), 260))), skip_special_tokens=True)
+    want, have = kit(text, add_special_tokens=False)['input_ids'], got(text, add_special_tokens=False)['input_ids']
+    if want == have:
+        return None
+    return (f'{model_dir}: transformers {transformers.__version__} loads its tokenizer as {type(got).__name__}, which '
+            f'encodes a sample to {len(have)} ids (first {have[:6]}) against the kit tokenizer\'s {len(want)} '
+            f'({want[:6]}): the model would train on other ids than the held-out set scores')
+
+
+def _make(tok_dir, out, size, seed):
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -108,6 +149,8 @@ def make_family(tok, tok_dir, out, size, seed):
                 json.dump(d, f, indent=2)
     for f in os.listdir(tok_dir):
         shutil.copy(os.path.join(tok_dir, f), out)
+    if mtype == 'qwen3_5':
+        keep_kit_tokenizer(out)
     named = dict(model.named_parameters())
     vision = sum(p.numel() for n, p in named.items() if '.visual.' in n or n.startswith('visual.'))
     emb = next(p.numel() for n, p in named.items() if n.endswith('embed_tokens.weight'))

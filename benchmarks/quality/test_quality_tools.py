@@ -299,6 +299,33 @@ def structure_models(tmp_path_factory):
     return mm, {s: mm.make(str(root / 'tok'), str(root / s), s) for s in ('tiny', 'tinyMoE', 'tinyHybrid')}
 
 
+def test_quality_models_tokenize_as_the_kit(structure_models, tmp_path, monkeypatch):
+    """Every size's model dir, its tokenizer loaded as ms-swift loads it, encodes as the kit tokenizer (make() checks
+    it; the hybrid's dir carries the auto_map that keeps transformers 5.19 from swapping in Qwen3_5Tokenizer); a dir
+    whose tokenizer maps the words to other ids is refused with what differs."""
+    import json
+    import shutil
+    mm, m = structure_models
+    tok = os.path.join(os.path.dirname(m['tiny']['dir']), 'tok')
+    for rec in m.values():
+        assert mm.tokenizer_problem(rec['dir'], tok) is None
+    with open(os.path.join(m['tinyHybrid']['dir'], 'tokenizer_config.json')) as f:
+        assert json.load(f)['auto_map'] == {'AutoTokenizer': [None, 'tokenization_kit.KitTokenizer']}
+    other = tmp_path / 'other'
+    shutil.copytree(m['tiny']['dir'], other)
+    with open(other / 'tokenizer.json') as f:
+        t = json.load(f)
+    words = [w for w in t['model']['vocab'] if w.startswith('w')]
+    t['model']['vocab'].update({a: t['model']['vocab'][b] for a, b in zip(words, reversed(words))})
+    with open(other / 'tokenizer.json', 'w') as f:
+        json.dump(t, f)
+    problem = mm.tokenizer_problem(str(other), tok)
+    assert problem and 'other ids than the held-out set scores' in problem
+    monkeypatch.setattr(mm, '_make', lambda tok_dir, out, size, seed: shutil.copytree(other, out) and {})
+    with pytest.raises(SystemExit, match='loads its tokenizer as'):
+        mm.make(tok, str(tmp_path / 'bad'), 'tiny')
+
+
 def test_quality_structure_sizes_match_the_dense_tiny_per_token(structure_models):
     """tinyMoE: its active non-embedding parameters (attention, router, 2 of 8 experts) and tinyHybrid: all of its
     own (3 Gated DeltaNet + 1 attention layer, the vision tower not counted) within 10 % of tiny's 74,048; the
