@@ -269,6 +269,7 @@ def main():
     ap.add_argument('--plan_only', action='store_true', help='print the run list and the estimate; run nothing')
     ap.add_argument('--cpu', action='store_true', help='CPU dry run through the test harness flags')
     a = ap.parse_args()
+    a.kit = os.path.abspath(a.kit)  # the eval runs in /tmp
     sys.path.insert(0, REPO)
     sys.path.insert(0, HERE)
     import jobs as J
