@@ -117,8 +117,6 @@ class MegatronCritic:
         return loss, {}
 
     # ---- core step ----------------------------------------------------------------------------------------------
-    _check_batch = staticmethod(check_batch)
-
     @property
     def _multiples(self):
         """(per-sequence, per-row/total) token multiples of this model's layout (swift_plt.critic.thd)."""
@@ -157,8 +155,6 @@ class MegatronCritic:
             out.append(mb)
         return out
 
-    _check_positions = staticmethod(check_positions)
-
     def forward_backward_step(self, batch: Dict[str, torch.Tensor], forward_only: bool) -> List[dict]:
         """One pass of megatron's schedule over ``batch`` split into micro-batches; gradients accumulate unless
         ``forward_only``. Returns, on the last pipeline stage, one dict per micro-batch (``values`` and their
@@ -167,12 +163,12 @@ class MegatronCritic:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from swift_plt.critic.model import values as values_of  # [B, S, 1] -> [B, S-1]
-        self._check_batch(batch, forward_only)
+        check_batch(batch, forward_only)
         batch, _ = left_align(batch)
         device = next(self.models[0].parameters()).device
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         if self.remove_padding:
-            self._check_positions(batch)
+            check_positions(batch)
         micro_batches = self._micro_batches(batch)
         total_tokens = None if forward_only else sum(float(mb['value_mask'].sum()) for mb in micro_batches)
         num_mb = len(micro_batches)

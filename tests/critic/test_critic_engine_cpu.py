@@ -192,24 +192,25 @@ def test_tp2_pp2_match_one_rank(critic_dir, one_rank, tp, pp, mbs, layouts):
 
 
 def test_batch_errors_are_clear():
+    from swift_plt.critic.batch import check_batch, check_positions
     from swift_plt.critic.engine import MegatronCritic
-    critic = MegatronCritic.__new__(MegatronCritic)  # only the batch checks: no model needed
+    critic = MegatronCritic.__new__(MegatronCritic)  # only the micro-batch checks: no model needed
     critic.micro_batch_size = None
     ids = torch.zeros(2, 6, dtype=torch.long)
     with pytest.raises(ValueError, match=r'batch\["returns"\] is missing'):
-        critic._check_batch({'input_ids': ids, 'value_mask': torch.ones(2, 5)}, forward_only=False)
+        check_batch({'input_ids': ids, 'value_mask': torch.ones(2, 5)}, forward_only=False)
     with pytest.raises(ValueError, match=r'must be value-aligned \[B, S-1\] = \(2, 5\).*response_to_values'):
-        critic._check_batch({'input_ids': ids, 'returns': torch.ones(2, 3), 'value_mask': torch.ones(2, 3)}, False)
+        check_batch({'input_ids': ids, 'returns': torch.ones(2, 3), 'value_mask': torch.ones(2, 3)}, False)
     with pytest.raises(ValueError, match=r'"old_values"\] must be value-aligned'):
-        critic._check_batch({'input_ids': ids, 'returns': torch.ones(2, 5), 'value_mask': torch.ones(2, 5),
-                             'old_values': torch.ones(2, 6)}, False)
-    critic._check_batch({'input_ids': ids}, forward_only=True)
+        check_batch({'input_ids': ids, 'returns': torch.ones(2, 5), 'value_mask': torch.ones(2, 5),
+                     'old_values': torch.ones(2, 6)}, False)
+    check_batch({'input_ids': ids}, forward_only=True)
     pos = torch.arange(6)[None].repeat(2, 1)
     mask = torch.ones(2, 6, dtype=torch.long)
-    MegatronCritic._check_positions({'position_ids': pos, 'attention_mask': mask})
+    check_positions({'position_ids': pos, 'attention_mask': mask})
     pos[1, 4] = 0  # a row whose positions restart (e.g. two documents in one row): not one THD sequence
     with pytest.raises(ValueError, match=r'position_ids"\] row 1 is not 0, 1, ..., n-1.*remove_padding=False'):
-        MegatronCritic._check_positions({'position_ids': pos, 'attention_mask': mask})
+        check_positions({'position_ids': pos, 'attention_mask': mask})
     with pytest.raises(ValueError, match=r'max_tokens_per_micro_batch=...\) groups packed rows by tokens'):
         MegatronCritic([None], max_tokens_per_micro_batch=8, remove_padding=False)
     critic.micro_batch_size, critic.max_tokens_per_micro_batch = 3, None
