@@ -57,6 +57,10 @@ def make(tok_dir, out, size, seed=0):
     """The model of a size in ``out``; SystemExit when its tokenizer, loaded as ms-swift loads it, gives other ids
     than the kit's (the run would train on other ids than the held-out set scores)."""
     rec = _make(tok_dir, out, size, seed)
+    for f in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, f), out)
+    if model_type(size) == 'qwen3_5':
+        keep_kit_tokenizer(out)
     problem = tokenizer_problem(out, tok_dir)
     if problem:
         raise SystemExit(problem)
@@ -93,11 +97,12 @@ def tokenizer_problem(model_dir, tok_dir):
 
 
 def _make(tok_dir, out, size, seed):
+    """The random-init model of a size, saved in ``out`` (make() adds the tokenizer); its parameter record."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     tok = AutoTokenizer.from_pretrained(tok_dir)
     if size in FAMILY_SIZES:
-        return make_family(tok, tok_dir, out, size, seed)
+        return make_family(tok, out, size, seed)
     hidden, layers, heads, kv, ffn = SIZES[size]
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=MAX_POS,
@@ -106,8 +111,6 @@ def _make(tok_dir, out, size, seed):
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    for f in os.listdir(tok_dir):
-        shutil.copy(os.path.join(tok_dir, f), out)
     total = sum(p.numel() for p in model.parameters())
     emb = model.model.embed_tokens.weight.numel()
     return {'size': size, 'dir': out, 'params': total, 'embedding_params': emb, 'non_embedding_params': total - emb,
@@ -115,7 +118,7 @@ def _make(tok_dir, out, size, seed):
             'tied_embeddings': True, 'init_seed': seed, 'model_type': 'llama', 'structure': 'dense'}
 
 
-def make_family(tok, tok_dir, out, size, seed):
+def make_family(tok, out, size, seed):
     """A FAMILY_SIZES model: Qwen3-MoE (Qwen3MoeForCausalLM) or Qwen3.5 (Qwen3_5ForConditionalGeneration: text config
     + TINY_VISION, media ids the last 4 of the vocabulary (text rows never mark them as media), full_attention_interval
     in config.json for mcore-bridge, the processor's files)."""
@@ -147,10 +150,6 @@ def make_family(tok, tok_dir, out, size, seed):
                         ('video_preprocessor_config.json', video)):
             with open(os.path.join(out, name), 'w') as f:
                 json.dump(d, f, indent=2)
-    for f in os.listdir(tok_dir):
-        shutil.copy(os.path.join(tok_dir, f), out)
-    if mtype == 'qwen3_5':
-        keep_kit_tokenizer(out)
     named = dict(model.named_parameters())
     vision = sum(p.numel() for n, p in named.items() if '.visual.' in n or n.startswith('visual.'))
     emb = next(p.numel() for n, p in named.items() if n.endswith('embed_tokens.weight'))

@@ -321,7 +321,7 @@ def test_quality_models_tokenize_as_the_kit(structure_models, tmp_path, monkeypa
         json.dump(t, f)
     problem = mm.tokenizer_problem(str(other), tok)
     assert problem and 'other ids than the held-out set scores' in problem
-    monkeypatch.setattr(mm, '_make', lambda tok_dir, out, size, seed: shutil.copytree(other, out) and {})
+    monkeypatch.setattr(mm, 'tokenizer_problem', lambda model_dir, tok_dir: problem)
     with pytest.raises(SystemExit, match='loads its tokenizer as'):
         mm.make(tok, str(tmp_path / 'bad'), 'tiny')
 
