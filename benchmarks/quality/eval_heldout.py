@@ -8,12 +8,12 @@ once and scored on each: records NAME (the first set) and NAME@B (the set labell
 
 Every model sees the same rows (heldout_ids.npy: [n, T] int32, BOS + T-1 tokens of held-out documents). Loss = the
 mean next-token cross entropy over all n*(T-1) predicted tokens (fp32 model and fp32 softmax); PPL = exp(loss).
-Nothing of swift-plt or ms-swift is imported: `AutoModelForCausalLM.from_pretrained` as any user would (a multimodal
-checkpoint, Qwen3.5: `AutoModelForImageTextToText`, its forward on the text ids alone). QUAL_EVAL_GDN=torch: a
-hybrid's Gated DeltaNet layers run transformers' own torch code instead of flash-linear-attention's kernels (the same
-recurrence; no Triton compile, minutes on a cold cache, in the call's few seconds of eval).
+Nothing of ms-swift or of swift-plt's training path is imported: `AutoModelForCausalLM.from_pretrained` as any user
+would (a multimodal checkpoint, Qwen3.5: `AutoModelForImageTextToText`, its forward on the text ids alone). QUAL_EVAL_GDN=torch: a
+hybrid's Gated DeltaNet layers run transformers' own torch code instead of flash-linear-attention's kernels
+(swift_plt.tools.hf_gdn: the same recurrence; no Triton compile, minutes on a cold cache, in the call's few seconds of
+eval).
 """
-import inspect
 import json
 import math
 import os
@@ -24,10 +24,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-# the functions a hybrid's modeling module binds at import to fla's / causal-conv1d's kernels where installed; each
-# wraps (functools.wraps) the module's own torch function, which its GatedDeltaNet.forward calls by this name
-GDN_FUNCS = ('torch_chunk_gated_delta_rule', 'torch_recurrent_gated_delta_rule', 'causal_conv1d_fn',
-             'causal_conv1d_update')
+from swift_plt.tools.hf_gdn import hf_torch_gdn
 
 
 def load(model_dir, device='cuda'):
@@ -35,24 +32,9 @@ def load(model_dir, device='cuda'):
         multimodal = 'vision_config' in json.load(f)
     auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    if os.environ.get('QUAL_EVAL_GDN') == 'torch' and torch_gdn(model):
+    if os.environ.get('QUAL_EVAL_GDN') == 'torch' and hf_torch_gdn(model):
         print(f'{model_dir}: Gated DeltaNet on transformers\' torch code', flush=True)
     return model
-
-
-def torch_gdn(model):
-    """Rebind GDN_FUNCS in the modeling module of each *GatedDeltaNet layer to the torch functions they wrap (for the
-    whole process); the names rebound."""
-    done = set()
-    for m in model.modules():
-        if type(m).__name__.endswith('GatedDeltaNet'):
-            mod = sys.modules[type(m).__module__]
-            for name in GDN_FUNCS:
-                fn = getattr(mod, name, None)
-                if hasattr(fn, '__wrapped__'):
-                    setattr(mod, name, inspect.unwrap(fn))
-                    done.add(name)
-    return sorted(done)
 
 
 @torch.no_grad()

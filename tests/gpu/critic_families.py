@@ -32,7 +32,7 @@ unfused attention and no TF32, bf16 with fused attention; MoE: grouped GEMM, fp3
 a multimodal checkpoint's HF config read without its processor (as parity.py); --gdn torch: megatron-core's torch
 Gated DeltaNet (deterministic_mode, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 while it is built).
 HF: eager attention and eager experts, fp32 (the reference), then the same weights in bf16 (a yardstick); --hf-gdn
-torch: a hybrid's Gated DeltaNet on transformers' own torch code (parity.hf_torch_gdn: no cold fla compile, and an
+torch: a hybrid's Gated DeltaNet on transformers' own torch code (swift_plt.tools.hf_gdn: no cold fla compile, and an
 exact reference). fp32 with NVIDIA_TF32_OVERRIDE=0 and TRITON_F32_DEFAULT=ieee (no TF32 in cuBLAS, cuDNN, Triton).
 Tolerances (relative to max|v| of the HF fp32 values; MoE: a route tie may flip one token, so up to 1 % of the
 tokens may exceed the per-token bound):
@@ -63,8 +63,8 @@ import torch  # noqa: E402
 B, S = 2, 256
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from parity import (MOE_KWARGS, NVTE_ATTN_VARS, hf_torch_gdn, id_limit, load_hf,  # noqa: E402  (the families' HF
-                    read_config)  # side)
+from parity import MOE_KWARGS, NVTE_ATTN_VARS, id_limit, load_hf, read_config  # noqa: E402  (the families' HF side)
+from swift_plt.tools.hf_gdn import hf_torch_gdn  # noqa: E402
 TOL = dict(fp32=1e-4, bf16_mean=3e-2, bf16_tok=1e-1, export=1e-6, moe_share=0.01)
 YARD_FACTOR = 1.5  # MoE / hybrid bf16: Megatron may be this many times as far from HF fp32 as HF's own bf16 is
 CHATML = 'chatml'  # the sft template with the tiny BPE tokenizer (a multimodal checkpoint: its record's template)
@@ -259,7 +259,7 @@ def make(spec, out, layers, tiny, head_scale, seed):
 # ------------------------------------------------------------------------------------------------------ HF values
 def hf_critic(model_dir, hf_gdn):
     """(model, loading info) of the critic dir in transformers, fp32; hf_gdn 'torch': a hybrid's Gated DeltaNet on
-    transformers' own torch code (parity.hf_torch_gdn)."""
+    transformers' own torch code (swift_plt.tools.hf_gdn)."""
     model, info = load_hf(model_dir, torch.float32, 'AutoModelForTokenClassification', output_loading_info=True)
     rebound = hf_torch_gdn(model) if hf_gdn == 'torch' else []
     if rebound:

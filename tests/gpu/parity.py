@@ -70,7 +70,6 @@ errors.
 import argparse
 import contextlib
 import gc
-import inspect
 import json
 import os
 import sys
@@ -87,6 +86,7 @@ os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
 import torch  # noqa: E402
 
 import make_family_configs as mfc  # noqa: E402  (hand-written families, tests/harness; stdlib only at import)
+from swift_plt.tools.hf_gdn import hf_torch_gdn  # noqa: E402
 
 IGN = -100
 NVTE_ATTN_VARS = ('NVTE_FLASH_ATTN', 'NVTE_FUSED_ATTN', 'NVTE_UNFUSED_ATTN')
@@ -349,35 +349,6 @@ def hf_plt_numbers(model, lm, ids, K, device):
 
 
 HF_GDN = 'auto'  # --hf-gdn
-# the functions of transformers' hybrid modeling modules (qwen3_next, qwen3_5, qwen3_5_moe) that
-# use_kernel_func_from_hub_with_fallback binds at import to fla's / causal-conv1d's kernels when those are installed;
-# each wraps (functools.wraps) the module's own torch function, which its GatedDeltaNet.forward calls by this name
-HF_GDN_FUNCS = ('torch_chunk_gated_delta_rule', 'torch_recurrent_gated_delta_rule', 'causal_conv1d_fn',
-                'causal_conv1d_update')
-
-
-def hf_torch_gdn(model):
-    """--hf-gdn torch: the Gated DeltaNet layers of this HF model on transformers' torch code. In the modeling module
-    of each *GatedDeltaNet layer, every HF_GDN_FUNCS name is rebound to the torch function it wraps (for the whole
-    process: only the HF side uses these modules). Returns the rebound names; raises if a layer's module has no
-    torch chunk function after it (another transformers layout: the reference would not be what it says)."""
-    done = set()
-    for m in model.modules():
-        if not type(m).__name__.endswith('GatedDeltaNet'):
-            continue
-        mod = sys.modules[type(m).__module__]
-        for name in HF_GDN_FUNCS:
-            fn = getattr(mod, name, None)
-            if fn is not None and hasattr(fn, '__wrapped__'):
-                setattr(mod, name, inspect.unwrap(fn))
-                done.add(f'{mod.__name__.rsplit(".", 1)[-1]}.{name}')
-        fn = getattr(mod, 'torch_chunk_gated_delta_rule', None)
-        if fn is None or getattr(getattr(fn, '__code__', None), 'co_filename', None) != mod.__file__:
-            raise RuntimeError(f'--hf-gdn torch: {mod.__name__}.torch_chunk_gated_delta_rule is not its own torch '
-                               f'function ({fn!r}): this transformers binds its Gated DeltaNet otherwise')
-    return sorted(done)
-
-
 def hf_references(model_dir, input_ids, K, device, device64):
     """(fp32 numbers on `device`, fp64 numbers on `device64` or None): per load the fp32 pass, then the fp64 pass on
     the same weights. A sliding-window family is loaded twice: with its window in patches for PatchTrain's numbers
