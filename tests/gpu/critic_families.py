@@ -63,6 +63,7 @@ import torch  # noqa: E402
 B, S = 2, 256
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import make_family_configs as mfc  # noqa: E402  (stdlib only at import)
 from parity import MOE_KWARGS, NVTE_ATTN_VARS, id_limit, load_hf, read_config  # noqa: E402  (the families' HF side)
 from swift_plt.tools.hf_gdn import hf_torch_gdn  # noqa: E402
 TOL = dict(fp32=1e-4, bf16_mean=3e-2, bf16_tok=1e-1, export=1e-6, moe_share=0.01)
@@ -95,38 +96,20 @@ def record(model_type):
     return fam
 
 
-def lm_config(cfg):
-    """The language model's fields of a config.json dict (the dict itself, edited in place by a cut): text_config
-    where the family record says it is a multimodal checkpoint (text_only_multimodal) or where num_hidden_layers
-    lives there, else cfg."""
-    from swift_plt import families
-    fam = families.family(cfg.get('model_type'))
-    text = cfg.get('text_config')
-    if isinstance(text, dict) and ((fam is not None and fam.text_only_multimodal) or 'num_hidden_layers' not in cfg):
-        return text
-    return cfg
-
-
 def flags(cfg):
     """What the checks need of a family, from its record."""
     fam = record(cfg['model_type'])
     return dict(family=fam.hf_type, moe=fam.moe, hybrid=fam.linear_attention, structure=fam.structure)
 
 
-def hybrid_pattern(n, interval):
-    """A Gated-DeltaNet hybrid's layer_types as mcore-bridge builds it from full_attention_interval (megatron-core's
-    linear_attention_freq): every interval-th layer full attention."""
-    return ['full_attention' if (i + 1) % interval == 0 else 'linear_attention' for i in range(n)]
-
-
 # ------------------------------------------------------------------------------------------------------------ make
 def cut_layers(cfg, layers):
-    """cfg (a config.json dict) cut to `layers` layers of its language model (lm_config: Qwen3.5's text_config),
+    """cfg (a config.json dict) cut to `layers` layers of its language model (mfc.text_config: Qwen3.5's text_config),
     layer_types with it. A Gated-DeltaNet hybrid (record.linear_attention) keeps a whole number of its
     full_attention_interval, at least one (a cut of only Gated DeltaNet layers: transformers' cache raises in
     get_seq_length, and mcore-bridge reads the pattern from full_attention_interval, transformers from layer_types:
     whole intervals keep both the same). Returns (cfg, note: why the layers differ from the ask, or '')."""
-    fam, text = record(cfg['model_type']), lm_config(cfg)
+    fam, text = record(cfg['model_type']), mfc.text_config(cfg)
     note = ''
     if fam.linear_attention:
         interval = text.get('full_attention_interval') or 4  # transformers' and mcore-bridge's default alike
@@ -144,8 +127,8 @@ def cut_layers(cfg, layers):
     if text.get('first_k_dense_replace', 0) >= n:
         raise ValueError(f'{layers} layers leave no MoE layer (first_k_dense_replace={text["first_k_dense_replace"]})')
     if fam.linear_attention:
-        types = text.get('layer_types') or hybrid_pattern(n, interval)
-        if types != hybrid_pattern(n, interval) or 'full_attention' not in types:
+        types = text.get('layer_types') or mfc.hybrid_layer_types(n, interval)
+        if types != mfc.hybrid_layer_types(n, interval) or 'full_attention' not in types:
             raise ValueError(f'the cut keeps layer_types {types}: not the full_attention_interval={interval} pattern '
                              'mcore-bridge builds, or no full-attention layer (transformers needs one)')
     return cfg, note
@@ -155,7 +138,6 @@ def spec_model_type(spec):
     """The config.json model_type SPEC builds (nothing built)."""
     if spec.startswith('tiny:'):
         return spec[5:]
-    import make_family_configs as mfc
     if spec not in mfc.FAMILIES:
         raise ValueError(f'unknown spec {spec!r}: tiny:<family> or one of {mfc.NAMES}')
     return mfc.FAMILIES[spec][0]['model_type']
@@ -172,13 +154,13 @@ def gdn_choice():
 def keep_interval(out, lm_cfg):
     """transformers 5 re-dumps a hybrid's config without full_attention_interval, which mcore-bridge reads: put the
     source's back into out/config.json (its text_config for a multimodal checkpoint)."""
-    interval = lm_config(lm_cfg).get('full_attention_interval')
+    interval = mfc.text_config(lm_cfg).get('full_attention_interval')
     if interval is None:
         return
     path = os.path.join(out, 'config.json')
     with open(path) as f:
         saved = json.load(f)
-    lm_config(saved)['full_attention_interval'] = interval
+    mfc.text_config(saved)['full_attention_interval'] = interval
     with open(path, 'w') as f:
         json.dump(saved, f, indent=2)
 
@@ -192,7 +174,6 @@ def make(spec, out, layers, tiny, head_scale, seed):
     from swift_plt.compat.transformers import hf_rope_guard
     from swift_plt.critic.families import critic_for
     from swift_plt.critic.keys import critic_hf_config, critic_hf_config_dict
-    import make_family_configs as mfc
     fam = record(spec_model_type(spec))
     if fam.critic is None:  # refused before anything is built (critic_families.sh: a SKIP line)
         print(f'critic: {spec} ({fam.hf_type}, {fam.structure}): no critic')
@@ -241,7 +222,7 @@ def make(spec, out, layers, tiny, head_scale, seed):
                 shutil.copy(os.path.join(tok_dir, f), out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    text = lm_config(cfg)
+    text = mfc.text_config(cfg)
     if note:
         print(f'layers: {note}')
     print(f'critic: {spec} ({cfg["model_type"]}, {fam.structure}, {text["num_hidden_layers"]} layers'
