@@ -9,10 +9,10 @@ once and scored on each: records NAME (the first set) and NAME@B (the set labell
 Every model sees the same rows (heldout_ids.npy: [n, T] int32, BOS + T-1 tokens of held-out documents). Loss = the
 mean next-token cross entropy over all n*(T-1) predicted tokens (fp32 model and fp32 softmax); PPL = exp(loss).
 Nothing of ms-swift or of swift-plt's training path is imported: `AutoModelForCausalLM.from_pretrained` as any user
-would (a multimodal checkpoint, Qwen3.5: `AutoModelForImageTextToText`, its forward on the text ids alone). QUAL_EVAL_GDN=torch: a
-hybrid's Gated DeltaNet layers run transformers' own torch code instead of flash-linear-attention's kernels
-(swift_plt.tools.hf_gdn: the same recurrence; no Triton compile, minutes on a cold cache, in the call's few seconds of
-eval).
+would (a multimodal checkpoint, Qwen3.5: `AutoModelForImageTextToText`, its forward on the text ids alone).
+QUAL_EVAL_GDN=torch: a hybrid's Gated DeltaNet layers run transformers' own torch code instead of
+flash-linear-attention's kernels (swift_plt.tools.hf_gdn: the same recurrence; no Triton compile, minutes on a cold
+cache, in the call's few seconds of eval).
 """
 import json
 import math

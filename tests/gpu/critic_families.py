@@ -64,7 +64,8 @@ B, S = 2, 256
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import make_family_configs as mfc  # noqa: E402  (stdlib only at import)
-from parity import MOE_KWARGS, NVTE_ATTN_VARS, id_limit, load_hf, read_config  # noqa: E402  (the families' HF side)
+from parity import (MOE_KWARGS, NVTE_ATTN_VARS, fla_or_torch, id_limit, load_hf,  # noqa: E402  (the families' HF side)
+                    read_config)
 from swift_plt.tools.hf_gdn import hf_torch_gdn  # noqa: E402
 TOL = dict(fp32=1e-4, bf16_mean=3e-2, bf16_tok=1e-1, export=1e-6, moe_share=0.01)
 YARD_FACTOR = 1.5  # MoE / hybrid bf16: Megatron may be this many times as far from HF fp32 as HF's own bf16 is
@@ -141,14 +142,6 @@ def spec_model_type(spec):
     if spec not in mfc.FAMILIES:
         raise ValueError(f'unknown spec {spec!r}: tiny:<family> or one of {mfc.NAMES}')
     return mfc.FAMILIES[spec][0]['model_type']
-
-
-def gdn_choice():
-    """(path, why) of a hybrid's Megatron Gated DeltaNet on this machine: 'torch' (megatron-core's, deterministic_mode)
-    where fla refuses its backward (swift_plt.plugin.arguments.fla_hopper_problem), else 'fla'."""
-    from swift_plt.plugin.arguments import fla_backward_problem
-    problem = fla_backward_problem()
-    return ('torch', f'fla refuses its backward here: {problem}') if problem else ('fla', 'fla runs its backward here')
 
 
 def keep_interval(out, lm_cfg):
@@ -232,7 +225,7 @@ def make(spec, out, layers, tiny, head_scale, seed):
     print(f'template: {fam.critic.template if fam.text_only_multimodal else CHATML}')
     print(f'params_b: {n / 1e9:.3f}')
     if fam.linear_attention:
-        path, why = gdn_choice()
+        path, why = fla_or_torch()
         print(f'gdn: {path} ({why})')
     return 0
 

@@ -416,6 +416,12 @@ def gdn_path(model_dir):
     extra = json.loads(extra) if isinstance(extra, str) else extra
     if extra.get('deterministic_mode'):
         return 'torch', 'deterministic_mode given in --mg-kwargs'
+    return fla_or_torch()
+
+
+def fla_or_torch():
+    """(path, why) of a hybrid's Megatron Gated DeltaNet on this machine: 'torch' (megatron-core's, deterministic_mode)
+    where fla refuses its backward (swift_plt.plugin.arguments.fla_backward_problem), else 'fla'."""
     from swift_plt.plugin.arguments import fla_backward_problem
     problem = fla_backward_problem()
     return ('torch', f'fla refuses its backward here: {problem}') if problem else ('fla', 'fla runs its backward here')
