@@ -64,7 +64,6 @@ EXPORT_CHECK_ARGS=()
 BIG_B=${BIG_B:-2.0}
 HYBRID_GDN=${HYBRID_GDN:-auto}
 CRITIC_HF_GDN=${CRITIC_HF_GDN:-torch}
-TORCH_GDN=(--padding_free false --megatron_extra_kwargs '{"deterministic_mode": true}')
 if [ "$DRY" = 1 ]; then
   MAKE_ARGS+=(--tiny)
   CPU_MG='{"use_cpu_initialization": true, "attention_backend": "unfused", "ddp_backend": "gloo"}'

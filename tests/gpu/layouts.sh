@@ -121,7 +121,6 @@ say "layouts: ${LAYOUTS:-(none)}"
 
 # the hybrids' Gated DeltaNet: fla's kernels, or megatron-core's torch path where fla refuses its backward here
 HYBRID_GDN=${HYBRID_GDN:-auto}
-TORCH_GDN=(--padding_free false --megatron_extra_kwargs '{"deterministic_mode": true}')
 if [[ " $LAYOUTS " == *" next_"* || " $LAYOUTS " == *" q35"* ]]; then
   if [ "$HYBRID_GDN" = auto ]; then
     gdn_why=$(python3 - 2>&1 <<'EOF' | tail -1

@@ -17,6 +17,9 @@
 #   make_tiny DIR / critic_setup: the tiny Llama DIR/model + DIR/data/train.jsonl (tests/gpu/make_tiny.py);
 #     critic_setup: that at $W/tiny, critic rows $W/reward.jsonl (512) and $W/returns.jsonl (256, with old_values),
 #     a tiny critic $W/critic with a random value head N(0, 0.05); lines in $SUM; returns 1 on failure
+#   TORCH_GDN: the `megatron` flags of a hybrid on megatron-core's torch Gated DeltaNet (padded batches,
+#     deterministic_mode; run it with NVTE_ALLOW_NONDETERMINISTIC_ALGO=0: TE's attention refuses deterministic_mode
+#     otherwise), where fla refuses its backward
 # Exit codes of every script: 0 all checks passed (or the script was skipped), 1 a check failed, 2 set-up failed.
 # SWIFT_PLT_GPU_DRY_RUN=1: rehearse a script on CPU under the test harness (tests/harness: gloo, CPU stand-ins for
 #   Transformer Engine, its CPU flags appended to every megatron command); no CUDA needed, NGPU from the env
@@ -24,6 +27,7 @@
 #   gpu_init has no dry run. On a GPU machine NGPU=n uses only the first n visible GPUs.
 
 GPU_START_DIR=$PWD
+TORCH_GDN=(--padding_free false --megatron_extra_kwargs '{"deterministic_mode": true}')
 GPU_NGPU_ENV=${NGPU:-} # NGPU=n: use only the first n visible GPUs
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
