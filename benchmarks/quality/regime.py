@@ -1,6 +1,7 @@
 """Regime map: when does two-stage PLT pay? (b) against (a½) over tokens per non-embedding parameter.
 
     python benchmarks/quality/regime.py RESULTS.json [RESULTS.json ...] [--png regime.png] [--md regime.md]
+        [--by_compute loss_vs_compute.png]
 
 Reads the results.json of one or more calls of run.py (several GPU calls; older files too: one N, seed 42) and
 prints, per size and N, the held-out losses of
@@ -44,6 +45,7 @@ PAPER_PARAMS = PAPER_NON_EMB + 2 * PAPER_VOCAB * PAPER_HIDDEN
 # (D tokens, sign of PLT vs token-level on the same D: +1 worse, -1 better); values not found, sign only
 PAPER_370M = [(45e9, +1), (90e9, +1), (180e9, -1), (360e9, -1)]
 MARKERS = {'tiny': 'o', 'tinyMoE': 'P', 'tinyHybrid': 'X', 'XS': 's', 'S': '^', 'M': 'D'}
+STRUCTURES = {'tiny': 'dense Llama', 'tinyMoE': 'Qwen3-MoE, 8 experts top-2', 'tinyHybrid': 'Qwen3.5 hybrid'}
 
 
 def load(paths):
@@ -70,6 +72,7 @@ def load(paths):
             out.append({'size': r['size'], 'run': run, 'N': n, 'seed': r.get('seed', 42),
                         'loss': r['heldout_loss'], 'non_emb_total': r['non_embedding_params'], 'K': K, 'lam': lam,
                         'non_emb': r.get('active_non_embedding_params') or r['non_embedding_params'],
+                        'fpp': r.get('flops_per_position'),
                         'setup': (meta['T'], meta['G'], lr, meta.get('stage1_batch', 'tokens'), bool(meta.get('cpu')),
                                   (meta.get('kit') or {}).get('train_tokens')),
                         'source': path})
@@ -202,11 +205,66 @@ def plot(table, png):
     return png
 
 
+def compute(r):
+    """Training FLOPs of a row: N x the compute ratio of its run (1 for (a), λ/K + 1 - λ for PLT) x its FLOPs per
+    position (report.flops_per_position); None for rows without that figure."""
+    return None if not r.get('fpp') else float(r['N'] * (r['lam'] / r['K'] + 1 - r['lam']) * r['fpp'])
+
+
+def plot_by_compute(rows, png):
+    """Held-out loss against training FLOPs, one panel per size: token-level (a) and PLT (b) at each N, mean over
+    seeds with a min..max bar; each (b) is labelled with its difference to the token-level run of the same compute
+    ((a) on N/2)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    idx, _ = index([r for r in rows if r['run'] in ('a', 'b') and compute(r)])
+    sizes = list(dict.fromkeys(k[0] for k in idx))
+    if not sizes:
+        raise SystemExit('--by_compute: no (a) or (b) rows with flops_per_position')
+    fpp = {r['size']: r['fpp'] for r in rows}
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 4.8), sharex=True, sharey=True, squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        for run, label, marker in (('a', 'token-level (a)', 'o'), ('b', 'PLT K=4, λ=2/3 (b)', 's')):
+            ns = sorted(n for s, r, n in idx if s == size and r == run)
+            _, K, lam = parse_run(run)
+            rs = [dict(N=n, K=K, lam=lam, fpp=fpp[size]) for n in ns]
+            x = [compute(r) for r in rs]
+            v = [list(idx[(size, run, n)].values()) for n in ns]
+            y = [sum(s) / len(s) for s in v]
+            ax.errorbar(x, y, yerr=[[m - min(s) for m, s in zip(y, v)], [max(s) - m for m, s in zip(y, v)]],
+                        marker=marker, capsize=3, lw=1.2, label=label)
+            for n, xi, yi in zip(ns, x, y):
+                ah = idx.get((size, 'a', n // 2)) if run == 'b' else None
+                c = compare(idx[(size, run, n)], ah) if ah else None
+                text = f'{n / 1e6:g} M' + (f"\n{100 * c['mean']:+.1f} %" if c and c['mean'] is not None else '')
+                ax.annotate(text, (xi, yi), textcoords='offset points', xytext=(4, -22 if run == 'b' else 6),
+                            fontsize=7)
+        ax.set_xscale('log')
+        ax.margins(x=0.15)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        what = f'{STRUCTURES[size]}, ' if size in STRUCTURES else ''
+        ax.set_title(f'{size} ({what}{fpp[size] / 1e6:.2f} M FLOPs / position)', fontsize=9)
+        ax.set_xlabel('training FLOPs')
+        ax.grid(alpha=0.3, which='both')
+    axes[0][0].set_ylabel('held-out loss')
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle('Held-out loss against compute; N = tokens of the run, % = (b) vs token-level at the same compute '
+                 '((a) on N/2)', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return png
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('results', nargs='+', help='results.json files (or the folders that hold them)')
     ap.add_argument('--png', default='regime.png')
     ap.add_argument('--md', default=None, help='also write the table here')
+    ap.add_argument('--by_compute', default=None, metavar='PNG',
+                    help='also plot held-out loss against training FLOPs, a panel per size (rows with '
+                         'flops_per_position)')
     a = ap.parse_args(argv)
     rows = load(a.results)
     if not rows:
@@ -232,6 +290,8 @@ def main(argv=None):
             f.write(md)
     try:
         print(f'plot: {plot(table, a.png)}')
+        if a.by_compute:
+            print(f'plot: {plot_by_compute(rows, a.by_compute)}')
     except ImportError:
         print('matplotlib missing: no plot')
     return 0

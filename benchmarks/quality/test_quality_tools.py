@@ -1,5 +1,6 @@
 """The quality benchmark's data cutting (prepare_data.py) and run names (variants.py)."""
 import importlib.util
+import json
 import os
 
 import pytest
@@ -224,6 +225,32 @@ def test_quality_regime_cli_writes_one_png(tmp_path):
     assert rg.main([f, '--png', str(tmp_path / 'regime.png'), '--md', str(tmp_path / 'regime.md')]) == 0
     assert (tmp_path / 'regime.png').stat().st_size > 10_000
     assert '| tiny | 8,000,000 | 8.00 |' in (tmp_path / 'regime.md').read_text()
+
+
+def test_quality_regime_by_compute(tmp_path):
+    """--by_compute: a run's FLOPs are N x (λ/K + 1 - λ) x FLOPs per position ((a): N x F); rows without the figure
+    are left out; structures.json (the MoE / hybrid study) loads whole and plots a panel per size."""
+    pytest.importorskip('matplotlib')
+    _jobs()
+    rg = _load('quality_regime_compute', 'regime.py')
+    F = 7_000_000
+    rows = [dict(_row('tiny', r, n, s, loss), flops_per_position=F) for r, n, s, loss in
+            (('a', 2 * 10**6, 42, 7.0), ('a', 4 * 10**6, 42, 6.5), ('b', 4 * 10**6, 42, 6.7), ('c', 2 * 10**6, 43, 6.6),
+             ('b_k2', 4 * 10**6, 42, 6.6))] + [_row('XS', 'a', 10**6, 42, 6.0)]
+    loaded = rg.load([_results(tmp_path / 'r.json', rows)])
+    by = {(r['run'], r['N'], r['seed']): rg.compute(r) for r in loaded}
+    assert by[('a', 4 * 10**6, 42)] == 4e6 * F
+    assert by[('b', 4 * 10**6, 42)] == pytest.approx(4e6 * (1 / 6 + 1 / 3) * F, rel=1e-12)  # (c) on 2 M: (b) on 4 M
+    assert by[('b', 4 * 10**6, 43)] == by[('b', 4 * 10**6, 42)]
+    assert by[('b_k2', 4 * 10**6, 42)] == pytest.approx(4e6 * (1 / 3 + 1 / 3) * F, rel=1e-12)
+    assert by[('a', 10**6, 42)] is None  # no FLOPs per position: not in the plot
+    png = tmp_path / 'c.png'
+    assert rg.main([str(tmp_path / 'r.json'), '--png', str(tmp_path / 'r.png'), '--by_compute', str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    study = rg.load([os.path.join(HERE, 'structures.json')])
+    assert {r['size'] for r in study} == {'tiny', 'tinyMoE', 'tinyHybrid'} and all(rg.compute(r) for r in study)
+    assert len(study) == len(json.load(open(os.path.join(HERE, 'structures.json')))['rows'])  # every row finished
+    assert rg.plot_by_compute(study, str(tmp_path / 's.png'))
 
 
 def test_quality_deadline_steps_are_not_started_or_killed_and_never_results(tmp_path):
