@@ -81,6 +81,13 @@ def keep_kit_tokenizer(out):
                 '    """The kit\'s tokenizer.json as it is."""\n')
 
 
+def keep_tokenizer_class(model_dir, hf_dir):
+    """An exported ``hf_dir`` of a model made with keep_kit_tokenizer gets it too: the export saves the auto_map (slots
+    swapped) but not tokenization_kit.py, so a trust_remote_code load of it (ms-swift's, a continuation's) fails."""
+    if os.path.exists(os.path.join(model_dir, KIT_TOKENIZER)) and os.path.isdir(hf_dir):
+        keep_kit_tokenizer(hf_dir)
+
+
 def tokenizer_problem(model_dir, tok_dir):
     """None when ``model_dir``'s tokenizer (AutoTokenizer, trust_remote_code, as ms-swift loads it) encodes a sample
     and the kit's first ids decoded as the kit tokenizer does; else what differs."""

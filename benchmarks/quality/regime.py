@@ -223,7 +223,7 @@ def plot_by_compute(rows, png):
     sizes = list(dict.fromkeys(k[0] for k in idx))
     if not sizes:
         raise SystemExit('--by_compute: no (a) or (b) rows with flops_per_position')
-    fpp = {r['size']: r['fpp'] for r in rows}
+    fpp = {r['size']: r['fpp'] for r in rows if r.get('fpp')}
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.6 * len(sizes), 4.8), sharex=True, sharey=True, squeeze=False)
     for ax, size in zip(axes[0], sizes):
         for run, label, marker in (('a', 'token-level (a)', 'o'), ('b', 'PLT K=4, λ=2/3 (b)', 's')):

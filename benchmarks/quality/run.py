@@ -64,6 +64,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from launch import (KILLED, LR, NOT_STARTED, Runner, exe, export_args, megatron_common, recipe_cmd,  # noqa: E402,F401
                     step_status, structure_env, token_level_cmd)
+from make_models import keep_tokenizer_class  # noqa: E402
 
 
 def plan_call(a, make_plan, parse_tokens, train_tokens=None, reused=()):
@@ -383,6 +384,7 @@ def main():
                 why = step_status('export', runner.run(f'{jid} export', [
                     exe('swift-plt-export-vanilla'), '--checkpoint', os.path.join(out, 'token'), '--output_dir',
                     os.path.join(out, 'hf'), *export_args(a)], os.path.join(logs, 'export_run.log'), env))
+            keep_tokenizer_class(m['dir'], os.path.join(out, 'hf'))
             status[job] = why or 'done'
             return
         base, Kr, lam_r = parse_run(job.run)
@@ -404,6 +406,8 @@ def main():
                                                           os.path.join(out, 'runner_all.log'), env))
         if t:
             t.join()
+        for hf in ('hf', 'hf_stage1'):
+            keep_tokenizer_class(m['dir'], os.path.join(out, hf))
         status[job] = why or 'done'
 
     slots = OrderedSlots(a.max_parallel or len(job_list), order)

@@ -353,6 +353,36 @@ def test_quality_models_tokenize_as_the_kit(structure_models, tmp_path, monkeypa
         mm.make(tok, str(tmp_path / 'bad'), 'tiny')
 
 
+def test_quality_exported_hybrid_keeps_its_tokenizer_class(structure_models, tmp_path):
+    """An exported hybrid dir as the export leaves it (the tokenizer files, the auto_map's slots swapped, no
+    tokenization_kit.py) fails a trust_remote_code load; keep_tokenizer_class (run.py, after every export) makes it
+    encode as the kit; a dense export dir is left as it is."""
+    import shutil
+    mm, m = structure_models
+    tok = os.path.join(os.path.dirname(m['tiny']['dir']), 'tok')
+    for size in ('tinyHybrid', 'tiny'):
+        hf = tmp_path / size
+        hf.mkdir()
+        for f in ('tokenizer.json', 'tokenizer_config.json'):
+            shutil.copy(os.path.join(m[size]['dir'], f), hf)
+        with open(hf / 'tokenizer_config.json') as f:
+            cfg = json.load(f)
+        if 'auto_map' in cfg:
+            cfg['auto_map'] = {'AutoTokenizer': ['tokenization_kit.KitTokenizer', None]}
+            with open(hf / 'tokenizer_config.json', 'w') as f:
+                json.dump(cfg, f)
+    with pytest.raises(OSError, match='tokenization_kit.py'):
+        mm.tokenizer_problem(str(tmp_path / 'tinyHybrid'), tok)
+    before = (tmp_path / 'tiny' / 'tokenizer_config.json').read_text()
+    for size in ('tinyHybrid', 'tiny'):
+        mm.keep_tokenizer_class(m[size]['dir'], str(tmp_path / size))
+        assert mm.tokenizer_problem(str(tmp_path / size), tok) is None
+    assert (tmp_path / 'tiny' / 'tokenizer_config.json').read_text() == before
+    assert not (tmp_path / 'tiny' / mm.KIT_TOKENIZER).exists()
+    mm.keep_tokenizer_class(m['tinyHybrid']['dir'], str(tmp_path / 'missing'))  # no export: nothing to do
+    assert not (tmp_path / 'missing').exists()
+
+
 def test_quality_structure_sizes_match_the_dense_tiny_per_token(structure_models):
     """tinyMoE: its active non-embedding parameters (attention, router, 2 of 8 experts) and tinyHybrid: all of its
     own (3 Gated DeltaNet + 1 attention layer, the vision tower not counted) within 10 % of tiny's 74,048; the
