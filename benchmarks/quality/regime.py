@@ -229,8 +229,7 @@ def plot_by_compute(rows, png):
         for run, label, marker in (('a', 'token-level (a)', 'o'), ('b', 'PLT K=4, λ=2/3 (b)', 's')):
             ns = sorted(n for s, r, n in idx if s == size and r == run)
             _, K, lam = parse_run(run)
-            rs = [dict(N=n, K=K, lam=lam, fpp=fpp[size]) for n in ns]
-            x = [compute(r) for r in rs]
+            x = [compute({'N': n, 'K': K, 'lam': lam, 'fpp': fpp[size]}) for n in ns]
             v = [list(idx[(size, run, n)].values()) for n in ns]
             y = [sum(s) / len(s) for s in v]
             ax.errorbar(x, y, yerr=[[m - min(s) for m, s in zip(y, v)], [max(s) - m for m, s in zip(y, v)]],
